@@ -1,0 +1,41 @@
+# The two commands of the README: `make run` (the main job) and `make test` (the suite).
+# Both create or reuse the virtual environment in $(VENV) and install what they need.
+
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+RUN_DIR ?= runs/quick
+PYTEST_ARGS ?=
+
+.PHONY: install run test test-fast notebooks benchmarks clean
+
+install: $(STAMP)
+
+$(STAMP): setup.py
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e ".[dev,serving]"
+	touch $(STAMP)
+
+# Train the `quick` preset on Multi30K En->De, then print translations and test_2016 BLEU.
+run: $(STAMP)
+	$(PY) -m keras_transformer train --preset quick --output $(RUN_DIR) --overwrite
+	$(PY) -m keras_transformer export --model $(RUN_DIR) --out $(RUN_DIR)/export
+	$(PY) -m keras_transformer evaluate --export $(RUN_DIR)/export --split test --show 5
+
+# The whole suite, slow tests and notebooks included (CI runs this).
+test: $(STAMP)
+	$(PY) -m pytest $(PYTEST_ARGS)
+	KT_NOTEBOOK_CI=1 $(PY) -m pytest --nbmake --nbmake-timeout=900 notebooks
+
+# Everything but the tests marked slow.
+test-fast: $(STAMP)
+	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
+
+benchmarks: $(STAMP)
+	$(PY) benchmarks/train_throughput.py
+	$(PY) benchmarks/decode_speed.py
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache

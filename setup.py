@@ -1,0 +1,45 @@
+"""Packaging for keras-transformer."""
+
+from setuptools import find_packages, setup
+
+setup(
+    name="keras-transformer",
+    version="0.1.0",
+    description=(
+        "The encoder-decoder Transformer (Vaswani et al., 2017) as Keras 3 layers, "
+        "trained with model.fit and exported as a string-to-string SavedModel."
+    ),
+    long_description=open("README.md", encoding="utf-8").read(),
+    long_description_content_type="text/markdown",
+    packages=find_packages(include=["keras_transformer", "keras_transformer.*"]),
+    python_requires=">=3.10",
+    install_requires=[
+        "tensorflow~=2.21.0",
+        "tensorflow-text~=2.21.0",
+        "keras>=3.15,<4",
+        "keras-hub>=0.32,<1",
+        "tensorflow-datasets>=4.9,<5",
+        "sentencepiece>=0.2,<1",
+        "sacrebleu>=2.4,<3",
+        "numpy>=1.26",
+    ],
+    extras_require={
+        "dev": [
+            "pytest>=8",
+            "pytest-timeout>=2.3",
+            "nbmake>=1.5",
+            "nbclient>=0.10",
+            "nbformat>=5.10",
+            "ipykernel>=6",
+            "matplotlib>=3.8",
+        ],
+        "serving": ["requests>=2.31"],
+    },
+    entry_points={
+        "console_scripts": ["keras-transformer=keras_transformer.cli:main"],
+    },
+    classifiers=[
+        "Programming Language :: Python :: 3",
+        "Topic :: Scientific/Engineering :: Artificial Intelligence",
+    ],
+)
