@@ -1,0 +1,171 @@
+"""Label-smoothed token cross-entropy that ignores padding and is exact under distribution."""
+
+import keras
+import tensorflow as tf
+from keras import ops
+
+# Probabilities are clipped to this before `log` when `from_logits=False`.
+_PROBABILITY_EPSILON = 1e-7
+
+
+def global_sum(value):
+    """Sums `value` over all replicas in sync when called inside a replica context.
+
+    Under `tf.distribute` (Mirrored / MultiWorkerMirrored) the training step runs once per
+    replica, each on its slice of the global batch; an `all_reduce` turns a per-replica count
+    into the global one. In a cross-replica context (or outside any strategy) the value
+    already covers the whole batch and is returned unchanged.
+
+    Args:
+        value: tensor, a per-replica quantity (e.g. a token count).
+
+    Returns:
+        The sum of `value` over all replicas in sync, same shape and dtype.
+    """
+    replica_context = tf.distribute.get_replica_context()
+    if replica_context is None or replica_context.num_replicas_in_sync == 1:
+        return value
+    return replica_context.all_reduce(tf.distribute.ReduceOp.SUM, value)
+
+
+@keras.saving.register_keras_serializable(package="keras_transformer")
+class MaskedSparseCategoricalCrossentropy(keras.losses.Loss):
+    """Label-smoothed sparse cross-entropy averaged over the non-padding tokens.
+
+    Labels equal to `pad_id` contribute nothing: neither their logits nor their number
+    change the value. The value of one batch is
+
+        sum over real tokens of H(q, p) / number of real tokens,
+
+    where `p` is the model's distribution and `q` the smoothed target. Label smoothing
+    follows the OpenNMT-py / Annotated Transformer convention: the true token gets
+    `1 - label_smoothing`, and the remaining mass is spread uniformly over the `V - 2`
+    classes that are neither the true token nor the padding token (padding is never a
+    valid prediction, so it gets no mass). With `pad_id=None` it is spread over the
+    `V - 1` other classes. The value is the cross-entropy `H(q, p)`, not the KL divergence
+    (which would subtract the constant entropy `H(q)`), so it is never below `H(q)`; the
+    gradients are the same.
+
+    Distribution: the denominator is the number of real tokens in the *global* batch.
+    Under a `tf.distribute` strategy Keras runs the loss once per replica on its slice of
+    the batch and *sums* the replicas' gradients. This loss therefore returns
+    `replica token-loss sum / global token count` (the global count obtained with an
+    `all_reduce` across replicas), so that the summed gradients are exactly those of the
+    global token mean whatever the split, even when replicas hold very different numbers
+    of real tokens. A mean of per-replica means would weight each token by the inverse of
+    its replica's token count. Keras' own reductions divide by `num_replicas_in_sync`
+    instead; this loss skips them (it overrides `__call__`), and Keras' loss tracker
+    multiplies the replica value back by `num_replicas_in_sync` and averages over replicas,
+    so the `loss` in `fit` logs is also the global token mean of each step. Nothing
+    beyond `model.compile(loss=MaskedSparseCategoricalCrossentropy(...))` is needed.
+
+    Args:
+        label_smoothing: float in `[0, 1)`, the probability mass taken from the true token
+            and spread over the other classes. Defaults to `0.1`.
+        pad_id: int or `None`, the label id of padding; such positions are ignored.
+            `None` means no padding. Defaults to `0`.
+        from_logits: bool, whether `y_pred` holds logits (`True`) or probabilities.
+            Defaults to `True`.
+        name: string, the name of the loss. Defaults to
+            `"masked_sparse_categorical_crossentropy"`.
+        dtype: the dtype of the computation. Defaults to `"float32"` (logits of any
+            dtype, e.g. `bfloat16` under mixed precision, are cast to it).
+
+    Call arguments:
+        y_true: int tensor `(B, T)`, the target token ids (`pad_id` = padding).
+        y_pred: float tensor `(B, T, V)`, logits (or probabilities).
+        sample_weight: optional float tensor `(B,)` or `(B, T)`; weights both the token
+            losses and the token count (a weighted token mean).
+
+    Returns:
+        A float32 scalar.
+
+    Example:
+
+    >>> loss = MaskedSparseCategoricalCrossentropy(label_smoothing=0.1)
+    >>> labels = np.array([[5, 6, 0]])
+    >>> logits = np.zeros((1, 3, 8), "float32")
+    >>> float(loss(labels, logits))  # uniform prediction: log(8)
+    2.0794...
+
+    References:
+        - [Vaswani et al., 2017](https://arxiv.org/abs/1706.03762), section 5.4.
+        - [Szegedy et al., 2016](https://arxiv.org/abs/1512.00567) (label smoothing).
+    """
+
+    def __init__(
+        self,
+        label_smoothing=0.1,
+        pad_id=0,
+        from_logits=True,
+        name="masked_sparse_categorical_crossentropy",
+        dtype="float32",
+    ):
+        if not 0.0 <= label_smoothing < 1.0:
+            raise ValueError(
+                f"`label_smoothing` must be in [0, 1). Received: label_smoothing={label_smoothing}"
+            )
+        super().__init__(name=name, reduction="sum", dtype=dtype)
+        self.label_smoothing = float(label_smoothing)
+        self.pad_id = pad_id
+        self.from_logits = from_logits
+
+    def _log_probs(self, y_pred):
+        y_pred = ops.cast(y_pred, self.dtype)
+        if self.from_logits:
+            return ops.log_softmax(y_pred, axis=-1)
+        return ops.log(ops.clip(y_pred, _PROBABILITY_EPSILON, 1.0))
+
+    def call(self, y_true, y_pred):
+        """Per-token smoothed cross-entropy `(B, T)`, 0 at padding, before any reduction."""
+        y_true = ops.cast(y_true, "int32")
+        if len(y_true.shape) == len(y_pred.shape):
+            y_true = ops.squeeze(y_true, axis=-1)  # (B, T, 1) -> (B, T)
+        log_probs = self._log_probs(y_pred)  # (B, T, V)
+        vocab_size = ops.shape(log_probs)[-1]
+        true_log_prob = ops.take_along_axis(
+            log_probs, ops.expand_dims(y_true, -1), axis=-1
+        )[..., 0]  # (B, T)
+        losses = -true_log_prob
+        if self.label_smoothing > 0.0:
+            # Sum of log p over the classes that receive smoothing mass.
+            other_log_probs = ops.sum(log_probs, axis=-1) - true_log_prob  # (B, T)
+            num_other = ops.cast(vocab_size - 1, self.dtype)
+            if self.pad_id is not None:
+                other_log_probs = other_log_probs - log_probs[..., self.pad_id]
+                num_other = num_other - 1.0
+            smoothing = self.label_smoothing / num_other
+            losses = (1.0 - self.label_smoothing) * losses - smoothing * other_log_probs
+        if self.pad_id is not None:
+            losses = ops.where(ops.not_equal(y_true, self.pad_id), losses, 0.0)
+        return losses
+
+    def __call__(self, y_true, y_pred, sample_weight=None):
+        with keras.name_scope(self.name):
+            y_true = ops.convert_to_tensor(y_true)
+            losses = self.call(y_true, y_pred)  # (B, T)
+            y_true = ops.cast(y_true, "int32")
+            if len(y_true.shape) == len(losses.shape) + 1:
+                y_true = ops.squeeze(y_true, axis=-1)
+            if self.pad_id is None:
+                weights = ops.ones_like(losses)
+            else:
+                weights = ops.cast(ops.not_equal(y_true, self.pad_id), self.dtype)
+            if sample_weight is not None:
+                sample_weight = ops.cast(sample_weight, self.dtype)
+                if len(sample_weight.shape) == 1:
+                    sample_weight = ops.expand_dims(sample_weight, -1)  # (B, 1)
+                weights = weights * sample_weight
+                losses = losses * sample_weight
+            # This replica's token-loss sum over the global token count (see class doc).
+            token_count = global_sum(ops.stop_gradient(ops.sum(weights)))
+            return ops.divide_no_nan(ops.sum(losses), token_count)
+
+    def get_config(self):
+        return {
+            "name": self.name,
+            "dtype": self.dtype,
+            "label_smoothing": self.label_smoothing,
+            "pad_id": self.pad_id,
+            "from_logits": self.from_logits,
+        }
