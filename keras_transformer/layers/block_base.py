@@ -1,0 +1,84 @@
+"""The constructor, config and sub-layer plumbing shared by `EncoderBlock` and `DecoderBlock`."""
+
+import keras
+
+from keras_transformer.layers.utils import clone_initializer
+
+
+class BlockBase(keras.layers.Layer):
+    """Base of the encoder and decoder blocks (not a layer to use on its own).
+
+    Holds the hyperparameters both blocks take, builds their norms, dropouts and
+    initializer-carrying sublayer arguments, and serializes them.
+    """
+
+    def __init__(
+        self,
+        num_heads,
+        ff_dim,
+        dropout=0.1,
+        attention_dropout=None,
+        activation="relu",
+        norm_first=False,
+        layer_norm_epsilon=1e-6,
+        kernel_initializer="glorot_uniform",
+        bias_initializer="zeros",
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        for name, value in (("num_heads", num_heads), ("ff_dim", ff_dim)):
+            if value is None or value <= 0:
+                raise ValueError(f"`{name}` must be a positive integer, got {name}={value}.")
+        for name, value in (("dropout", dropout), ("attention_dropout", attention_dropout)):
+            if value is not None and not 0.0 <= value < 1.0:
+                raise ValueError(f"`{name}` must be in [0, 1), got {name}={value}.")
+        self.num_heads = num_heads
+        self.ff_dim = ff_dim
+        self.dropout = dropout
+        self.attention_dropout = attention_dropout
+        self.activation = keras.activations.get(activation)
+        self.norm_first = norm_first
+        self.layer_norm_epsilon = layer_norm_epsilon
+        self.kernel_initializer = keras.initializers.get(kernel_initializer)
+        self.bias_initializer = keras.initializers.get(bias_initializer)
+        self.supports_masking = True
+
+    @property
+    def _attention_dropout_rate(self):
+        return self.dropout if self.attention_dropout is None else self.attention_dropout
+
+    def _sublayer_kwargs(self):
+        """Fresh initializers and the block's dtype policy for one sublayer."""
+        return dict(
+            kernel_initializer=clone_initializer(self.kernel_initializer),
+            bias_initializer=clone_initializer(self.bias_initializer),
+            dtype=self.dtype_policy,
+        )
+
+    def _build_norm_and_dropout(self, name, inputs_shape):
+        norm = keras.layers.LayerNormalization(
+            epsilon=self.layer_norm_epsilon, dtype=self.dtype_policy, name=f"{name}_norm"
+        )
+        norm.build(inputs_shape)
+        dropout = keras.layers.Dropout(self.dropout, dtype=self.dtype_policy, name=f"{name}_dropout")
+        return norm, dropout
+
+    def compute_output_shape(self, inputs_shape, *args, **kwargs):
+        return inputs_shape
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            {
+                "num_heads": self.num_heads,
+                "ff_dim": self.ff_dim,
+                "dropout": self.dropout,
+                "attention_dropout": self.attention_dropout,
+                "activation": keras.activations.serialize(self.activation),
+                "norm_first": self.norm_first,
+                "layer_norm_epsilon": self.layer_norm_epsilon,
+                "kernel_initializer": keras.initializers.serialize(self.kernel_initializer),
+                "bias_initializer": keras.initializers.serialize(self.bias_initializer),
+            }
+        )
+        return config

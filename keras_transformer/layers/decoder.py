@@ -1,0 +1,116 @@
+"""The Transformer decoder: a stack of `DecoderBlock`s with a cache for incremental decoding."""
+
+import keras
+from keras import ops
+
+from keras_transformer.layers import masking
+from keras_transformer.layers.decoder_block import DecoderBlock
+from keras_transformer.layers.encoder import Encoder
+
+
+@keras.saving.register_keras_serializable(package="keras_transformer")
+class Decoder(Encoder):
+    """A stack of `num_layers` decoder blocks (Vaswani et al., 2017, section 3.1).
+
+    Takes the same arguments as `Encoder` (the two stacks differ in their blocks and calls);
+    with `norm_first=True` a final `LayerNormalization` follows the stack.
+
+    Incremental decoding: `initialize_cache(encoder_outputs, max_length)` returns the stack's
+    cache `(self_attention_cache (B, L, 2, T_max, H, d_k), cross_attention_cache
+    (B, L, 2, S, H, d_k))`; each call with `cache` and `cache_index` decodes the positions
+    `cache_index ..` and returns the updated cache. Cached step-by-step decoding gives the same
+    outputs as the full forward pass.
+
+    Call arguments:
+        inputs: `(B, T, d_model)` target embeddings.
+        encoder_outputs: `(B, S, d_model)`, the memory; may be `None` with a cache.
+        padding_mask: bool `(B, T)`; defaults to the Keras mask of `inputs`.
+        encoder_padding_mask: bool `(B, S)`; defaults to the Keras mask of `encoder_outputs`.
+        cache: the stack's cache tuple, see above.
+        cache_index: int scalar, position of `inputs[:, 0]`.
+        return_attention_scores: bool. Defaults to `False`.
+        training: bool, whether dropout is active.
+
+    Returns:
+        `(B, T, d_model)` hidden states (without a Keras mask: the loss masks by label);
+        with `return_attention_scores=True` also a list of per-block score dicts; with a cache,
+        the updated cache last.
+
+    Example:
+    >>> decoder = Decoder(num_layers=2, num_heads=2, ff_dim=16)
+    >>> decoder(keras.random.normal((2, 3, 8)), keras.random.normal((2, 5, 8))).shape
+    (2, 3, 8)
+    """
+
+    def build(self, inputs_shape, encoder_outputs_shape=None):
+        self.blocks = []
+        for index in range(self.num_layers):
+            block = DecoderBlock(name=f"block_{index}", **self._block_kwargs())
+            block.build(inputs_shape, encoder_outputs_shape)
+            self.blocks.append(block)
+        self._build_final_norm(inputs_shape)
+        self.built = True
+
+    def initialize_cache(self, encoder_outputs, max_length):
+        """Empty self-attention caches and the cross-attention keys/values of every block.
+
+        Args:
+            encoder_outputs: `(B, S, d_model)`.
+            max_length: int, decoder positions the cache holds (T_max).
+
+        Returns:
+            `(self_attention_cache (B, L, 2, T_max, H, d_k),
+            cross_attention_cache (B, L, 2, S, H, d_k))`.
+        """
+        caches = [block.initialize_cache(encoder_outputs, max_length) for block in self.blocks]
+        return (
+            ops.stack([self_cache for self_cache, _ in caches], axis=1),
+            ops.stack([cross_cache for _, cross_cache in caches], axis=1),
+        )
+
+    def call(
+        self,
+        inputs,
+        encoder_outputs=None,
+        padding_mask=None,
+        encoder_padding_mask=None,
+        cache=None,
+        cache_index=None,
+        return_attention_scores=False,
+        training=None,
+    ):
+        if padding_mask is None and cache is None:
+            padding_mask = masking.keras_mask(inputs)
+        if encoder_padding_mask is None and encoder_outputs is not None:
+            encoder_padding_mask = masking.keras_mask(encoder_outputs)
+        x, scores, self_caches = inputs, [], []
+        for index, block in enumerate(self.blocks):
+            block_cache = None if cache is None else (cache[0][:, index], cache[1][:, index])
+            outputs = block(
+                x,
+                encoder_outputs,
+                padding_mask=padding_mask,
+                encoder_padding_mask=encoder_padding_mask,
+                cache=block_cache,
+                cache_index=cache_index,
+                return_attention_scores=return_attention_scores,
+                training=training,
+            )
+            if not isinstance(outputs, tuple):
+                outputs = (outputs,)
+            x = outputs[0]
+            if return_attention_scores:
+                scores.append(outputs[1])
+            if cache is not None:
+                self_caches.append(outputs[-1][0])
+        if self._final_norm is not None:
+            x = self._final_norm(x)
+        results = (x,)
+        if return_attention_scores:
+            results += (scores,)
+        if cache is not None:
+            results += ((ops.stack(self_caches, axis=1), cache[1]),)
+        return results[0] if len(results) == 1 else results
+
+    def compute_mask(self, inputs, mask=None):
+        return None

@@ -1,0 +1,182 @@
+"""One layer of the Transformer decoder."""
+
+import keras
+
+from keras_transformer.layers import masking
+from keras_transformer.layers.block_base import BlockBase
+from keras_transformer.layers.feed_forward import FeedForward
+from keras_transformer.layers.multi_head_attention import MultiHeadAttention
+from keras_transformer.layers.utils import sublayer_connection
+
+
+@keras.saving.register_keras_serializable(package="keras_transformer")
+class DecoderBlock(BlockBase):
+    """Decoder layer: masked self-attention, cross-attention, feed-forward.
+
+    Each of the three sub-layers has a residual connection, dropout and layer norm: post-norm
+    (`norm_first=False`, the paper) or pre-norm (`norm_first=True`).
+
+    Masking: self-attention is causal (`use_causal_mask=True` by default) and hides padded
+    target positions given by `padding_mask` `(B, T)`; cross-attention hides padded source
+    positions given by `encoder_padding_mask` `(B, S)`. Without explicit masks, the Keras masks
+    of `inputs` and `encoder_outputs` are used. The output keeps the input's Keras mask.
+
+    Incremental decoding: pass `cache = (self_attention_cache, cross_attention_cache)` with
+    shapes `(B, 2, T_max, H, d_k)` and `(B, 2, S, H, d_k)` and `cache_index`, the position of
+    `inputs[:, 0]`. The self-attention keys/values of the new positions are written into the
+    cache; the cross-attention keys/values come from the cache (see `initialize_cache`), so
+    `encoder_outputs` may be `None`; `padding_mask` is not used (decoded tokens are never
+    padding) but `encoder_padding_mask` is.
+
+    Args: the same as `EncoderBlock`.
+        num_heads: int, attention heads.
+        ff_dim: int, inner width of the feed-forward network.
+        dropout: float, dropout on each sub-layer output. Defaults to `0.1`.
+        attention_dropout: float or `None`, dropout on attention weights. Defaults to `dropout`.
+        activation: feed-forward activation. Defaults to `"relu"`.
+        norm_first: bool, pre-norm instead of the paper's post-norm. Defaults to `False`.
+        layer_norm_epsilon: float. Defaults to `1e-6`.
+        kernel_initializer: kernels' initializer. Defaults to `"glorot_uniform"`.
+        bias_initializer: biases' initializer. Defaults to `"zeros"`.
+        **kwargs: base `keras.layers.Layer` arguments.
+
+    Call arguments:
+        inputs: `(B, T, d_model)` target embeddings.
+        encoder_outputs: `(B, S, d_model)`, the encoder's output (memory).
+        padding_mask: bool `(B, T)`, `True` for real target tokens.
+        encoder_padding_mask: bool `(B, S)`, `True` for real source tokens.
+        attention_mask: bool `(B, T, T)`, extra mask for self-attention.
+        use_causal_mask: bool, look-ahead mask on self-attention. Defaults to `True`.
+        cache: tuple `(self_attention_cache, cross_attention_cache)`, see above.
+        cache_index: int scalar, position of the first input token in the cache.
+        return_attention_scores: bool. Defaults to `False`.
+        training: bool, whether dropout is active.
+
+    Returns:
+        `outputs` `(B, T, d_model)`; with `return_attention_scores=True` also a dict
+        `{"self_attention": (B, H, T, T'), "cross_attention": (B, H, T, S)}`; with a cache,
+        the updated cache tuple last.
+
+    Example:
+    >>> block = DecoderBlock(num_heads=2, ff_dim=16)
+    >>> block(keras.random.normal((2, 3, 8)), keras.random.normal((2, 5, 8))).shape
+    (2, 3, 8)
+
+    References:
+        Vaswani et al., "Attention Is All You Need", 2017.
+    """
+
+    def build(self, inputs_shape, encoder_outputs_shape=None):
+        encoder_outputs_shape = encoder_outputs_shape or inputs_shape
+        self._self_attention = MultiHeadAttention(
+            self.num_heads,
+            dropout=self._attention_dropout_rate,
+            name="self_attention",
+            **self._sublayer_kwargs(),
+        )
+        self._self_attention.build(inputs_shape, inputs_shape)
+        self._self_attention_norm, self._self_attention_dropout = self._build_norm_and_dropout(
+            "self_attention", inputs_shape
+        )
+        self._cross_attention = MultiHeadAttention(
+            self.num_heads,
+            dropout=self._attention_dropout_rate,
+            name="cross_attention",
+            **self._sublayer_kwargs(),
+        )
+        self._cross_attention.build(inputs_shape, encoder_outputs_shape)
+        self._cross_attention_norm, self._cross_attention_dropout = self._build_norm_and_dropout(
+            "cross_attention", inputs_shape
+        )
+        self._feed_forward = FeedForward(
+            self.ff_dim, activation=self.activation, name="feed_forward", **self._sublayer_kwargs()
+        )
+        self._feed_forward.build(inputs_shape)
+        self._feed_forward_norm, self._feed_forward_dropout = self._build_norm_and_dropout(
+            "feed_forward", inputs_shape
+        )
+        self.built = True
+
+    def initialize_cache(self, encoder_outputs, max_length):
+        """An empty self-attention cache and the cross-attention keys/values of the memory.
+
+        Args:
+            encoder_outputs: `(B, S, d_model)`.
+            max_length: int, the number of decoder positions the cache holds (T_max).
+
+        Returns:
+            `(self_attention_cache (B, 2, T_max, H, d_k) zeros,
+            cross_attention_cache (B, 2, S, H, d_k))`.
+        """
+        cross = self._cross_attention.compute_key_value(encoder_outputs)
+        shape = (keras.ops.shape(encoder_outputs)[0], 2, max_length) + tuple(cross.shape[3:])
+        return keras.ops.zeros(shape, dtype=cross.dtype), cross
+
+    def call(
+        self,
+        inputs,
+        encoder_outputs=None,
+        padding_mask=None,
+        encoder_padding_mask=None,
+        attention_mask=None,
+        use_causal_mask=True,
+        cache=None,
+        cache_index=None,
+        return_attention_scores=False,
+        training=None,
+    ):
+        if cache is None:
+            if encoder_outputs is None:
+                raise ValueError("`encoder_outputs` is required when no cache is passed.")
+            if padding_mask is None:
+                padding_mask = masking.keras_mask(inputs)
+            self_cache = cross_cache = None
+        else:
+            if cache_index is None:
+                raise ValueError("`cache_index` is required when a cache is passed.")
+            self_cache, cross_cache = cache
+            padding_mask = None  # decoded tokens are never padding
+        if encoder_padding_mask is None and encoder_outputs is not None:
+            encoder_padding_mask = masking.keras_mask(encoder_outputs)
+
+        def self_attend(x):
+            return self._self_attention(
+                x,
+                x,
+                padding_mask=padding_mask,
+                attention_mask=attention_mask,
+                use_causal_mask=use_causal_mask,
+                cache=self_cache,
+                cache_index=cache_index,
+                return_attention_scores=return_attention_scores,
+                training=training,
+            )
+
+        def cross_attend(x):
+            return self._cross_attention(
+                x,
+                encoder_outputs,
+                padding_mask=encoder_padding_mask,
+                cache=cross_cache,
+                return_attention_scores=return_attention_scores,
+                training=training,
+            )
+
+        x, self_extras = sublayer_connection(
+            inputs, self_attend, self._self_attention_norm, self._self_attention_dropout,
+            self.norm_first, training,
+        )
+        x, cross_extras = sublayer_connection(
+            x, cross_attend, self._cross_attention_norm, self._cross_attention_dropout,
+            self.norm_first, training,
+        )
+        x, _ = sublayer_connection(
+            x, lambda h: self._feed_forward(h, training=training), self._feed_forward_norm,
+            self._feed_forward_dropout, self.norm_first, training,
+        )
+        results = (x,)
+        if return_attention_scores:
+            results += ({"self_attention": self_extras[0], "cross_attention": cross_extras[0]},)
+        if cache is not None:
+            results += ((self_extras[-1], cross_cache),)
+        return results[0] if len(results) == 1 else results

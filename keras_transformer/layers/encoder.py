@@ -1,0 +1,142 @@
+"""The Transformer encoder: a stack of `EncoderBlock`s."""
+
+import keras
+
+from keras_transformer.layers import masking
+from keras_transformer.layers.encoder_block import EncoderBlock
+from keras_transformer.layers.utils import clone_initializer
+
+
+@keras.saving.register_keras_serializable(package="keras_transformer")
+class Encoder(keras.layers.Layer):
+    """A stack of `num_layers` encoder blocks (Vaswani et al., 2017, section 3.1).
+
+    With `norm_first=True` (pre-norm) a final `LayerNormalization` follows the stack, since
+    pre-norm blocks leave their output un-normalized.
+
+    Args:
+        num_layers: int, number of blocks N.
+        num_heads: int, attention heads per block.
+        ff_dim: int, feed-forward inner width.
+        dropout: float, sub-layer output dropout. Defaults to `0.1`.
+        attention_dropout: float or `None`, attention-weight dropout. Defaults to `dropout`.
+        activation: feed-forward activation. Defaults to `"relu"`.
+        norm_first: bool, pre-norm blocks and a final norm. Defaults to `False`.
+        layer_norm_epsilon: float. Defaults to `1e-6`.
+        kernel_initializer: kernels' initializer. Defaults to `"glorot_uniform"`.
+        bias_initializer: biases' initializer. Defaults to `"zeros"`.
+        **kwargs: base `keras.layers.Layer` arguments.
+
+    Call arguments:
+        inputs: `(B, S, d_model)` source embeddings.
+        padding_mask: bool `(B, S)`; defaults to the Keras mask of `inputs`.
+        return_attention_scores: bool. Defaults to `False`.
+        training: bool, whether dropout is active.
+
+    Returns:
+        `(B, S, d_model)` memory (carrying the input's Keras mask), or `(memory, scores)` with
+        `return_attention_scores=True`, `scores` a list of `(B, H, S, S)`, one per block.
+
+    Example:
+    >>> Encoder(num_layers=2, num_heads=2, ff_dim=16)(keras.random.normal((2, 4, 8))).shape
+    (2, 4, 8)
+    """
+
+    def __init__(
+        self,
+        num_layers,
+        num_heads,
+        ff_dim,
+        dropout=0.1,
+        attention_dropout=None,
+        activation="relu",
+        norm_first=False,
+        layer_norm_epsilon=1e-6,
+        kernel_initializer="glorot_uniform",
+        bias_initializer="zeros",
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        if num_layers is None or num_layers <= 0:
+            raise ValueError(f"`num_layers` must be a positive integer, got num_layers={num_layers}.")
+        self.num_layers = num_layers
+        self.num_heads = num_heads
+        self.ff_dim = ff_dim
+        self.dropout = dropout
+        self.attention_dropout = attention_dropout
+        self.activation = keras.activations.get(activation)
+        self.norm_first = norm_first
+        self.layer_norm_epsilon = layer_norm_epsilon
+        self.kernel_initializer = keras.initializers.get(kernel_initializer)
+        self.bias_initializer = keras.initializers.get(bias_initializer)
+        self.supports_masking = True
+
+    def _block_kwargs(self):
+        return dict(
+            num_heads=self.num_heads,
+            ff_dim=self.ff_dim,
+            dropout=self.dropout,
+            attention_dropout=self.attention_dropout,
+            activation=self.activation,
+            norm_first=self.norm_first,
+            layer_norm_epsilon=self.layer_norm_epsilon,
+            kernel_initializer=clone_initializer(self.kernel_initializer),
+            bias_initializer=clone_initializer(self.bias_initializer),
+            dtype=self.dtype_policy,
+        )
+
+    def _build_final_norm(self, inputs_shape):
+        self._final_norm = None
+        if self.norm_first:
+            self._final_norm = keras.layers.LayerNormalization(
+                epsilon=self.layer_norm_epsilon, dtype=self.dtype_policy, name="final_norm"
+            )
+            self._final_norm.build(inputs_shape)
+
+    def build(self, inputs_shape):
+        self.blocks = []
+        for index in range(self.num_layers):
+            block = EncoderBlock(name=f"block_{index}", **self._block_kwargs())
+            block.build(inputs_shape)
+            self.blocks.append(block)
+        self._build_final_norm(inputs_shape)
+        self.built = True
+
+    def call(self, inputs, padding_mask=None, return_attention_scores=False, training=None):
+        if padding_mask is None:
+            padding_mask = masking.keras_mask(inputs)
+        x, scores = inputs, []
+        for block in self.blocks:
+            x = block(
+                x,
+                padding_mask=padding_mask,
+                return_attention_scores=return_attention_scores,
+                training=training,
+            )
+            if return_attention_scores:
+                x, block_scores = x
+                scores.append(block_scores)
+        if self._final_norm is not None:
+            x = self._final_norm(x)
+        return (x, scores) if return_attention_scores else x
+
+    def compute_output_shape(self, inputs_shape, *args, **kwargs):
+        return inputs_shape
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            {
+                "num_layers": self.num_layers,
+                "num_heads": self.num_heads,
+                "ff_dim": self.ff_dim,
+                "dropout": self.dropout,
+                "attention_dropout": self.attention_dropout,
+                "activation": keras.activations.serialize(self.activation),
+                "norm_first": self.norm_first,
+                "layer_norm_epsilon": self.layer_norm_epsilon,
+                "kernel_initializer": keras.initializers.serialize(self.kernel_initializer),
+                "bias_initializer": keras.initializers.serialize(self.bias_initializer),
+            }
+        )
+        return config

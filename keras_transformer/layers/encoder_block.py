@@ -1,0 +1,104 @@
+"""One layer of the Transformer encoder."""
+
+import keras
+
+from keras_transformer.layers import masking
+from keras_transformer.layers.feed_forward import FeedForward
+from keras_transformer.layers.multi_head_attention import MultiHeadAttention
+from keras_transformer.layers.block_base import BlockBase
+from keras_transformer.layers.utils import sublayer_connection
+
+
+@keras.saving.register_keras_serializable(package="keras_transformer")
+class EncoderBlock(BlockBase):
+    """Encoder layer: self-attention then feed-forward, each with residual, dropout and norm.
+
+    Post-norm (`norm_first=False`, the paper) computes `LayerNorm(x + Dropout(Sublayer(x)))`;
+    pre-norm (`norm_first=True`) computes `x + Dropout(Sublayer(LayerNorm(x)))`, which trains
+    more stably in deep stacks (the stack then needs a final norm, see `Encoder`).
+
+    Masking: `padding_mask` `(B, S)` hides padded positions as keys; without it the Keras mask
+    of `inputs` is used, so a block after `PositionalEmbedding` masks padding by itself. The
+    output keeps the input's Keras mask.
+
+    Args:
+        num_heads: int, attention heads.
+        ff_dim: int, inner width of the feed-forward network.
+        dropout: float, dropout on each sub-layer output (P_drop). Defaults to `0.1`.
+        attention_dropout: float or `None`, dropout on attention weights. Defaults to `dropout`.
+        activation: feed-forward activation. Defaults to `"relu"`.
+        norm_first: bool, pre-norm instead of the paper's post-norm. Defaults to `False`.
+        layer_norm_epsilon: float. Defaults to `1e-6`.
+        kernel_initializer: kernels' initializer. Defaults to `"glorot_uniform"`.
+        bias_initializer: biases' initializer. Defaults to `"zeros"`.
+        **kwargs: base `keras.layers.Layer` arguments.
+
+    Call arguments:
+        inputs: `(B, S, d_model)`.
+        padding_mask: bool `(B, S)`, `True` for real tokens.
+        attention_mask: bool `(B, S, S)`.
+        return_attention_scores: bool. Defaults to `False`.
+        training: bool, whether dropout is active.
+
+    Returns:
+        `(B, S, d_model)`, or `(outputs, scores (B, H, S, S))` with
+        `return_attention_scores=True`.
+
+    Example:
+    >>> EncoderBlock(num_heads=2, ff_dim=16)(keras.random.normal((2, 4, 8))).shape
+    (2, 4, 8)
+
+    References:
+        Vaswani et al., "Attention Is All You Need", 2017.
+    """
+
+    def build(self, inputs_shape):
+        self._self_attention = MultiHeadAttention(
+            self.num_heads,
+            dropout=self._attention_dropout_rate,
+            name="self_attention",
+            **self._sublayer_kwargs(),
+        )
+        self._self_attention.build(inputs_shape, inputs_shape)
+        self._self_attention_norm, self._self_attention_dropout = self._build_norm_and_dropout(
+            "self_attention", inputs_shape
+        )
+        self._feed_forward = FeedForward(
+            self.ff_dim, activation=self.activation, name="feed_forward", **self._sublayer_kwargs()
+        )
+        self._feed_forward.build(inputs_shape)
+        self._feed_forward_norm, self._feed_forward_dropout = self._build_norm_and_dropout(
+            "feed_forward", inputs_shape
+        )
+        self.built = True
+
+    def call(
+        self,
+        inputs,
+        padding_mask=None,
+        attention_mask=None,
+        return_attention_scores=False,
+        training=None,
+    ):
+        if padding_mask is None:
+            padding_mask = masking.keras_mask(inputs)
+
+        def attend(x):
+            return self._self_attention(
+                x,
+                x,
+                padding_mask=padding_mask,
+                attention_mask=attention_mask,
+                return_attention_scores=return_attention_scores,
+                training=training,
+            )
+
+        x, extras = sublayer_connection(
+            inputs, attend, self._self_attention_norm, self._self_attention_dropout,
+            self.norm_first, training,
+        )
+        x, _ = sublayer_connection(
+            x, lambda h: self._feed_forward(h, training=training), self._feed_forward_norm,
+            self._feed_forward_dropout, self.norm_first, training,
+        )
+        return (x,) + extras if return_attention_scores else x

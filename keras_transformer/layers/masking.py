@@ -1,0 +1,84 @@
+"""Mask helpers shared by every attention layer: one place that merges masks.
+
+Keras' convention holds throughout: a boolean mask is `True` where a position may be attended
+to (kept) and `False` where it is hidden.
+"""
+
+from keras import ops
+
+try:  # Keras keeps this accessor private; keras-hub imports it the same way.
+    from keras.src.backend import get_keras_mask as _get_keras_mask
+except ImportError:  # pragma: no cover - older or newer Keras layouts
+    def _get_keras_mask(x):
+        return getattr(x, "_keras_mask", None)
+
+# Masked logits get this value instead of `-inf`: softmax then gives exactly 0 to masked keys,
+# and a row whose keys are all masked (an all-padding sequence) gives uniform weights instead of
+# NaN. Attention logits are computed in float32 (see `MultiHeadAttention`), where it is finite.
+_LARGE_NEGATIVE = {"float16": -3.0e4, "bfloat16": -1.0e9, "float32": -1.0e9, "float64": -1.0e9}
+
+
+def large_negative(dtype="float32"):
+    """The large finite negative used for masked logits of `dtype`."""
+    return _LARGE_NEGATIVE.get(str(dtype).split(".")[-1], -1.0e9)
+
+
+def causal_mask(query_length, key_length, offset=0):
+    """Look-ahead mask: query `i` (at absolute position `offset + i`) sees keys `j <= offset + i`.
+
+    Args:
+        query_length: int or scalar tensor, T.
+        key_length: int or scalar tensor, S.
+        offset: int or scalar tensor, absolute position of the first query. Used when decoding
+            with a cache: the query at step `t` sits at position `t` of a key axis of length S.
+
+    Returns:
+        bool tensor `(1, T, S)`.
+    """
+    rows = ops.expand_dims(ops.arange(query_length, dtype="int32"), 1) + ops.cast(offset, "int32")
+    cols = ops.expand_dims(ops.arange(key_length, dtype="int32"), 0)
+    return ops.expand_dims(ops.greater_equal(rows, cols), 0)
+
+
+def merge_masks(
+    padding_mask=None,
+    attention_mask=None,
+    use_causal_mask=False,
+    query_length=None,
+    key_length=None,
+    causal_offset=0,
+):
+    """Combines the mask arguments of an attention call into one `(B or 1, T, S)` bool mask.
+
+    Args:
+        padding_mask: bool or int `(B, S)`, `True`/non-zero for real key positions.
+        attention_mask: bool or int `(B, T, S)`, `True`/non-zero where query `t` may see key `s`.
+        use_causal_mask: bool, adds the look-ahead mask.
+        query_length: T, needed for the causal mask.
+        key_length: S, needed for the causal mask.
+        causal_offset: absolute position of the first query (cached decoding).
+
+    Returns:
+        bool tensor `(B, T, S)` (or `(1, T, S)` with only a causal mask), or `None` when there is
+        nothing to mask.
+    """
+    mask = None
+    if padding_mask is not None:
+        mask = ops.expand_dims(ops.cast(padding_mask, "bool"), 1)  # (B, 1, S)
+    if attention_mask is not None:
+        attention_mask = ops.cast(attention_mask, "bool")  # (B, T, S)
+        mask = attention_mask if mask is None else ops.logical_and(mask, attention_mask)
+    if use_causal_mask:
+        causal = causal_mask(query_length, key_length, causal_offset)  # (1, T, S)
+        mask = causal if mask is None else ops.logical_and(mask, causal)
+    return mask
+
+
+def padding_mask_from_ids(token_ids, pad_id=0):
+    """`(B, T)` bool mask, `True` where `token_ids != pad_id`."""
+    return ops.not_equal(token_ids, pad_id)
+
+
+def keras_mask(x):
+    """The Keras mask carried by `x` (set by a masking layer such as `PositionalEmbedding`)."""
+    return None if x is None else _get_keras_mask(x)

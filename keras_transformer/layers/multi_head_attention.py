@@ -1,0 +1,243 @@
+"""Multi-head scaled dot-product attention with an optional key/value cache."""
+
+import math
+
+import keras
+from keras import ops
+
+from keras_transformer.layers import masking
+from keras_transformer.layers.utils import clone_initializer
+
+
+@keras.saving.register_keras_serializable(package="keras_transformer")
+class MultiHeadAttention(keras.layers.Layer):
+    """Multi-head scaled dot-product attention (Vaswani et al., 2017, section 3.2).
+
+    Each of `num_heads` heads projects queries, keys and values to `d_k = d_v = d_model /
+    num_heads` dimensions, computes `softmax(Q K^T / sqrt(d_k)) V`, and the heads are
+    concatenated and projected back to `d_model` (the last dimension of `query`).
+
+    Masking: `padding_mask` `(B, S)` hides padded keys, `attention_mask` `(B, T, S)` hides any
+    query/key pair, `use_causal_mask=True` hides future keys; they are combined with a logical
+    AND. When `padding_mask` is not given, the Keras mask of `value` (set by
+    `PositionalEmbedding` for padding id 0) is used. Masked logits get a large finite negative,
+    so masked keys get exactly zero weight and an all-masked row gives no NaN. Attention logits
+    and the softmax are computed in float32 under any dtype policy.
+
+    Caching for incremental decoding:
+    - self-attention: pass `cache` `(B, 2, T_max, H, d_k)` (keys at `[:, 0]`, values at
+      `[:, 1]`) and `cache_index`, the position of the first query. The keys/values of the new
+      query positions are written into the cache at `cache_index` and the queries attend over
+      the cache with a look-ahead mask offset by `cache_index` (unwritten positions are never
+      seen). Returns the updated cache.
+    - cross-attention: pass `cache` from `compute_key_value(encoder_outputs)` and no
+      `cache_index`; the cached keys/values are used as they are and `value`/`key` are ignored.
+
+    Args:
+        num_heads: int, number of heads H.
+        key_dim: int or `None`, size of each head. Defaults to `d_model // num_heads`.
+        dropout: float, dropout rate on the attention weights. Defaults to `0.0`.
+        use_bias: bool, whether the projections have biases. Defaults to `True`.
+        kernel_initializer: initializer of the projection kernels. Defaults to
+            `"glorot_uniform"`.
+        bias_initializer: initializer of the biases. Defaults to `"zeros"`.
+        **kwargs: base `keras.layers.Layer` arguments (`name`, `dtype`, ...).
+
+    Call arguments:
+        query: `(B, T, d_model)`.
+        value: `(B, S, d_value)`. Ignored when a cross-attention cache is passed.
+        key: `(B, S, d_key)`, defaults to `value`.
+        padding_mask: bool `(B, S)`, `True` for real key positions.
+        attention_mask: bool `(B, T, S)`, `True` where query `t` may attend to key `s`.
+        use_causal_mask: bool, hide keys after each query. Defaults to `False`.
+        cache: `(B, 2, S_cache, H, d_k)` key/value cache, see above.
+        cache_index: int scalar, position of the first query in a self-attention cache.
+        return_attention_scores: bool, also return the attention weights. Defaults to `False`.
+        training: bool, whether dropout is active.
+
+    Returns:
+        `outputs` `(B, T, d_model)`; `(outputs, scores)` with `return_attention_scores=True`
+        (`scores` `(B, H, T, S)`); `cache` is appended as the last element when a cache was
+        passed.
+
+    Example:
+    >>> layer = MultiHeadAttention(num_heads=2)
+    >>> x = keras.random.normal((2, 4, 8))
+    >>> layer(x, x, use_causal_mask=True).shape
+    (2, 4, 8)
+
+    References:
+        Vaswani et al., "Attention Is All You Need", 2017.
+    """
+
+    def __init__(
+        self,
+        num_heads,
+        key_dim=None,
+        dropout=0.0,
+        use_bias=True,
+        kernel_initializer="glorot_uniform",
+        bias_initializer="zeros",
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        if num_heads <= 0:
+            raise ValueError(f"`num_heads` must be positive, got num_heads={num_heads}.")
+        if not 0.0 <= dropout < 1.0:
+            raise ValueError(f"`dropout` must be in [0, 1), got dropout={dropout}.")
+        self.num_heads = num_heads
+        self.key_dim = key_dim
+        self.dropout = dropout
+        self.use_bias = use_bias
+        self.kernel_initializer = keras.initializers.get(kernel_initializer)
+        self.bias_initializer = keras.initializers.get(bias_initializer)
+        self.supports_masking = True
+
+    def _dense(self, units, name):
+        # Plain `Dense` projections (they pass Keras masks through quietly); each gets its own
+        # initializer instance, so no two share one object.
+        return keras.layers.Dense(
+            units,
+            use_bias=self.use_bias,
+            kernel_initializer=clone_initializer(self.kernel_initializer),
+            bias_initializer=clone_initializer(self.bias_initializer),
+            dtype=self.dtype_policy,
+            name=name,
+        )
+
+    def build(self, query_shape, value_shape=None, key_shape=None):
+        d_model = query_shape[-1]
+        if d_model is None:
+            raise ValueError("The last dimension of `query` (d_model) must be known.")
+        if self.key_dim is None and d_model % self.num_heads != 0:
+            raise ValueError(
+                f"d_model must be divisible by num_heads, got d_model={d_model} and "
+                f"num_heads={self.num_heads}."
+            )
+        self._d_model = d_model
+        self._head_dim = self.key_dim or d_model // self.num_heads
+        value_shape = query_shape if value_shape is None else value_shape
+        key_shape = value_shape if key_shape is None else key_shape
+        inner = self.num_heads * self._head_dim
+        self._query_dense = self._dense(inner, "query")
+        self._query_dense.build(query_shape)
+        self._key_dense = self._dense(inner, "key")
+        self._key_dense.build(key_shape)
+        self._value_dense = self._dense(inner, "value")
+        self._value_dense.build(value_shape)
+        self._output_dense = self._dense(d_model, "attention_output")
+        self._output_dense.build(tuple(query_shape[:-1]) + (inner,))
+        self._dropout_layer = keras.layers.Dropout(self.dropout, dtype=self.dtype_policy)
+        self.built = True
+
+    def _split_heads(self, x):
+        """`(B, T, H * d_k)` -> `(B, T, H, d_k)`."""
+        shape = ops.shape(x)
+        return ops.reshape(x, (shape[0], shape[1], self.num_heads, self._head_dim))
+
+    def _merge_heads(self, x):
+        """`(B, T, H, d_k)` -> `(B, T, H * d_k)`."""
+        shape = ops.shape(x)
+        return ops.reshape(x, (shape[0], shape[1], self.num_heads * self._head_dim))
+
+    def compute_key_value(self, value, key=None):
+        """Projects the encoder output once for a cross-attention cache.
+
+        Args:
+            value: `(B, S, d_value)`.
+            key: `(B, S, d_key)`, defaults to `value`.
+
+        Returns:
+            `(B, 2, S, H, d_k)`: keys at `[:, 0]`, values at `[:, 1]`.
+        """
+        key = value if key is None else key
+        keys = self._split_heads(self._key_dense(key))  # (B, S, H, d_k)
+        values = self._split_heads(self._value_dense(value))  # (B, S, H, d_k)
+        return ops.stack([keys, values], axis=1)
+
+    def call(
+        self,
+        query,
+        value,
+        key=None,
+        padding_mask=None,
+        attention_mask=None,
+        use_causal_mask=False,
+        cache=None,
+        cache_index=None,
+        return_attention_scores=False,
+        training=None,
+    ):
+        if padding_mask is None and cache is None:
+            padding_mask = masking.keras_mask(value)
+        key = value if key is None else key
+        query_heads = self._split_heads(self._query_dense(query))  # (B, T, H, d_k)
+        causal_offset = 0
+        if cache is not None and cache_index is None:
+            # Cross-attention over keys/values projected once from the encoder output.
+            key_heads, value_heads = cache[:, 0], cache[:, 1]
+        else:
+            key_heads = self._split_heads(self._key_dense(key))  # (B, S, H, d_k)
+            value_heads = self._split_heads(self._value_dense(value))  # (B, S, H, d_v)
+            if cache is not None:
+                # Write the new positions into the fixed-size cache, then attend over all of it.
+                update = ops.stack([key_heads, value_heads], axis=1)  # (B, 2, T, H, d_k)
+                zero = ops.zeros((), "int32")
+                start = [zero, zero, ops.cast(cache_index, "int32"), zero, zero]
+                cache = ops.slice_update(cache, start, ops.cast(update, cache.dtype))
+                key_heads, value_heads = cache[:, 0], cache[:, 1]
+                causal_offset = cache_index
+                use_causal_mask = True  # positions after the queries are not written yet
+        mask = masking.merge_masks(
+            padding_mask=padding_mask,
+            attention_mask=attention_mask,
+            use_causal_mask=use_causal_mask,
+            query_length=ops.shape(query_heads)[1],
+            key_length=ops.shape(key_heads)[1],
+            causal_offset=causal_offset,
+        )
+        outputs, scores = self._attend(
+            query_heads, key_heads, value_heads, mask, return_attention_scores, training
+        )
+        outputs = self._output_dense(self._merge_heads(outputs))  # (B, T, d_model)
+        results = (outputs,)
+        if return_attention_scores:
+            results += (scores,)
+        if cache is not None:
+            results += (cache,)
+        return results[0] if len(results) == 1 else results
+
+    def _attend(self, query, key, value, mask, return_attention_scores, training):
+        """softmax(Q K^T / sqrt(d_k)) V on `(B, T|S, H, d_k)` heads; mask `(B, T, S)` or None."""
+        scale = 1.0 / math.sqrt(self._head_dim)
+        use_dropout = training and self.dropout > 0.0
+        if not (return_attention_scores or use_dropout):
+            # Keras' fused op: same math, softmax in float32; used whenever nothing between
+            # the softmax and the weighted sum (dropout, returning the weights) is needed.
+            mask = None if mask is None else ops.expand_dims(mask, 1)  # (B, 1, T, S)
+            return ops.dot_product_attention(query, key, value, mask=mask, scale=scale), None
+        logits = ops.einsum("bthk,bshk->bhts", query, key)  # (B, H, T, S)
+        logits = ops.cast(logits, "float32") * scale
+        if mask is not None:
+            logits = ops.where(ops.expand_dims(mask, 1), logits, masking.large_negative("float32"))
+        scores = ops.softmax(logits, axis=-1)  # (B, H, T, S), float32
+        weights = self._dropout_layer(ops.cast(scores, self.compute_dtype), training=training)
+        outputs = ops.einsum("bhts,bshk->bthk", weights, value)  # (B, T, H, d_v)
+        return outputs, scores
+
+    def compute_output_shape(self, query_shape, value_shape=None, key_shape=None):
+        return query_shape
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            {
+                "num_heads": self.num_heads,
+                "key_dim": self.key_dim,
+                "dropout": self.dropout,
+                "use_bias": self.use_bias,
+                "kernel_initializer": keras.initializers.serialize(self.kernel_initializer),
+                "bias_initializer": keras.initializers.serialize(self.bias_initializer),
+            }
+        )
+        return config

@@ -1,0 +1,184 @@
+"""Token embedding scaled by sqrt(d_model) plus position encoding, with dropout on the sum."""
+
+import math
+
+import keras
+from keras import ops
+
+# The base of the sinusoid wavelengths in the paper (section 3.5).
+SINUSOID_BASE = 10000.0
+
+
+def sinusoidal_encoding(length, d_model, start_index=0, dtype="float32"):
+    """The paper's position encoding, sin on even and cos on odd dimensions.
+
+    `PE[pos, 2i] = sin(pos / 10000^(2i / d_model))`,
+    `PE[pos, 2i + 1] = cos(pos / 10000^(2i / d_model))`.
+
+    Args:
+        length: int or scalar tensor, number of positions T.
+        d_model: int, even model width.
+        start_index: int or scalar tensor, the first position. Defaults to `0`.
+        dtype: output dtype. Defaults to `"float32"`.
+
+    Returns:
+        `(T, d_model)` tensor.
+    """
+    positions = ops.cast(ops.arange(length), "float32") + ops.cast(start_index, "float32")
+    # One frequency per (sin, cos) pair: 10000^(-2i / d_model) for i = 0 .. d_model / 2 - 1.
+    pair = ops.arange(0, d_model, 2, dtype="float32")
+    inverse_freq = ops.exp(pair * (-math.log(SINUSOID_BASE) / d_model))
+    angles = ops.expand_dims(positions, 1) * ops.expand_dims(inverse_freq, 0)  # (T, d/2)
+    # Interleave: stack to (T, d/2, 2) then flatten so sin lands on even, cos on odd indices.
+    encoding = ops.reshape(ops.stack([ops.sin(angles), ops.cos(angles)], axis=-1), (-1, d_model))
+    return ops.cast(encoding, dtype)
+
+
+@keras.saving.register_keras_serializable(package="keras_transformer")
+class PositionalEmbedding(keras.layers.Layer):
+    """Token embedding times sqrt(d_model), plus position encoding, then dropout.
+
+    Implements the input of both Transformer stacks (Vaswani et al., 2017, sections 3.4 and
+    3.5). Positions are the paper's fixed sinusoids by default or a learned table
+    (`learned_positions=True`, `max_length` rows). Token id 0 is padding: with
+    `mask_zero=True` the output carries a Keras mask `(B, T)` that is `False` there, which the
+    encoder and decoder blocks pick up when no explicit mask is given.
+
+    The same layer is the pre-softmax projection when weights are tied: called with
+    `reverse=True` on hidden states `(B, T, d_model)` it returns `hidden @ embeddings^T`,
+    logits `(B, T, vocab_size)` (no scaling, no bias, no mask).
+
+    Args:
+        vocab_size: int, number of token ids V.
+        d_model: int, embedding width (even with sinusoidal positions).
+        max_length: int, the longest sequence; the size of the learned position table.
+            Defaults to `512`.
+        dropout: float, dropout rate on the sum. Defaults to `0.0`.
+        learned_positions: bool, learn the position table instead of sinusoids. Defaults to
+            `False`.
+        scale_embeddings: bool, multiply token embeddings by sqrt(d_model). Defaults to `True`.
+        mask_zero: bool, produce a Keras mask for padding id 0. Defaults to `True`.
+        embeddings_initializer: initializer of the token table. Defaults to a normal
+            distribution with standard deviation d_model^-0.5, which keeps the scaled embedding
+            near unit variance and suits the tied projection.
+        **kwargs: base `keras.layers.Layer` arguments.
+
+    Call arguments:
+        inputs: int `(B, T)` token ids, or float `(B, T, d_model)` with `reverse=True`.
+        start_index: int scalar, absolute position of the first token (cached decoding feeds
+            one token at a time). Defaults to `0`.
+        reverse: bool, project hidden states to vocabulary logits. Defaults to `False`.
+        training: bool, whether dropout is active.
+
+    Returns:
+        `(B, T, d_model)` embeddings, or `(B, T, vocab_size)` logits with `reverse=True`.
+
+    Example:
+    >>> layer = PositionalEmbedding(vocab_size=100, d_model=8)
+    >>> layer(ops.array([[5, 7, 0, 0]])).shape
+    (1, 4, 8)
+
+    References:
+        Vaswani et al., "Attention Is All You Need", 2017.
+    """
+
+    def __init__(
+        self,
+        vocab_size,
+        d_model,
+        max_length=512,
+        dropout=0.0,
+        learned_positions=False,
+        scale_embeddings=True,
+        mask_zero=True,
+        embeddings_initializer=None,
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        for name, value in (("vocab_size", vocab_size), ("d_model", d_model),
+                            ("max_length", max_length)):
+            if value is None or value <= 0:
+                raise ValueError(f"`{name}` must be a positive integer, got {name}={value}.")
+        if not learned_positions and d_model % 2:
+            raise ValueError(
+                "Sinusoidal positions need an even d_model (sin/cos pairs), got "
+                f"d_model={d_model}. Use an even d_model or learned_positions=True."
+            )
+        if not 0.0 <= dropout < 1.0:
+            raise ValueError(f"`dropout` must be in [0, 1), got dropout={dropout}.")
+        self.vocab_size = vocab_size
+        self.d_model = d_model
+        self.max_length = max_length
+        self.dropout = dropout
+        self.learned_positions = learned_positions
+        self.scale_embeddings = scale_embeddings
+        self.mask_zero = mask_zero
+        self.embeddings_initializer = keras.initializers.get(
+            embeddings_initializer
+            or keras.initializers.RandomNormal(mean=0.0, stddev=d_model**-0.5)
+        )
+        self.supports_masking = mask_zero
+
+    def build(self, inputs_shape=None):
+        self.embeddings = self.add_weight(
+            name="embeddings",
+            shape=(self.vocab_size, self.d_model),
+            initializer=self.embeddings_initializer,
+        )
+        if self.learned_positions:
+            self.position_embeddings = self.add_weight(
+                name="position_embeddings",
+                shape=(self.max_length, self.d_model),
+                initializer=keras.initializers.RandomNormal(stddev=self.d_model**-0.5),
+            )
+        self._dropout_layer = keras.layers.Dropout(self.dropout, dtype=self.dtype_policy)
+        self.built = True
+
+    def call(self, inputs, start_index=0, reverse=False, training=None):
+        if reverse:
+            # Tied pre-softmax projection: (B, T, d) x (d, V) -> (B, T, V).
+            return ops.matmul(inputs, ops.transpose(ops.cast(self.embeddings, inputs.dtype)))
+        length = ops.shape(inputs)[-1]
+        tokens = ops.take(self.embeddings, ops.cast(inputs, "int32"), axis=0)  # (B, T, d)
+        if self.scale_embeddings:
+            tokens = tokens * ops.cast(math.sqrt(self.d_model), tokens.dtype)
+        if self.learned_positions:
+            start = ops.cast(start_index, "int32")
+            positions = ops.slice(
+                self.position_embeddings, [start, ops.zeros((), "int32")], [length, self.d_model]
+            )
+        else:
+            positions = sinusoidal_encoding(length, self.d_model, start_index, tokens.dtype)
+        outputs = tokens + ops.cast(positions, tokens.dtype)[None]  # (B, T, d)
+        return self._dropout_layer(outputs, training=training)
+
+    def compute_mask(self, inputs, mask=None):
+        # Only token ids carry padding; hidden states projected with `reverse=True` do not.
+        if not self.mask_zero or "int" not in str(inputs.dtype):
+            return None
+        return ops.not_equal(inputs, 0)
+
+    def compute_output_spec(self, inputs, start_index=0, reverse=False, training=None):
+        if reverse:
+            shape = tuple(inputs.shape[:-1]) + (self.vocab_size,)
+        else:
+            shape = tuple(inputs.shape) + (self.d_model,)
+        return keras.KerasTensor(shape, dtype=self.compute_dtype)
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            {
+                "vocab_size": self.vocab_size,
+                "d_model": self.d_model,
+                "max_length": self.max_length,
+                "dropout": self.dropout,
+                "learned_positions": self.learned_positions,
+                "scale_embeddings": self.scale_embeddings,
+                "mask_zero": self.mask_zero,
+                "embeddings_initializer": keras.initializers.serialize(
+                    self.embeddings_initializer
+                ),
+            }
+        )
+        return config
