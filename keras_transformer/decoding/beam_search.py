@@ -1,0 +1,230 @@
+"""Beam search with the GNMT length penalty over a cached `next_logits` step."""
+
+import tensorflow as tf
+
+from keras_transformer.decoding import utils
+
+
+def _upper_bound(best_alive_log_prob, step, bounds, alpha):
+    """The best normalized score any extension of the alive beams can still reach.
+
+    Log-probabilities only decrease as tokens are added, and the length penalty is monotone
+    in the length, so the best case is the current best alive log-probability divided by
+    the largest penalty over the lengths still reachable, `step + 2 ... bounds`.
+
+    Args:
+        best_alive_log_prob: float32 `(B,)`.
+        step: int32 scalar, the step just completed (its hypotheses have `step + 1` tokens).
+        bounds: int32 `(B,)`, per-example bounds on the number of generated tokens.
+        alpha: float, the length penalty strength.
+
+    Returns:
+        float32 `(B,)`.
+    """
+    next_length = tf.minimum(step + 2, bounds)  # (B,)
+    largest_penalty = tf.maximum(
+        utils.length_penalty(next_length, alpha), utils.length_penalty(bounds, alpha)
+    )  # (B,)
+    return best_alive_log_prob / largest_penalty
+
+
+def beam_search(
+    next_logits,
+    initial_cache,
+    batch_size,
+    max_length,
+    beam_size=4,
+    alpha=0.6,
+    start_id=1,
+    end_id=2,
+    pad_id=0,
+    max_lengths=None,
+    return_all_beams=False,
+):
+    """Beam search with the GNMT length penalty, keeping alive and finished hypotheses.
+
+    Every tensor of `initial_cache` is tiled from `B` to `B * beam_size` rows (beams of
+    one example adjacent) and reordered with `tf.gather` after each step. Per example the
+    search keeps `beam_size` alive hypotheses and `beam_size` finished ones:
+
+    1. the alive beams are extended by every token; the `beam_size` best extensions by
+       log-probability are kept (at step 0 only the first beam is alive, so they differ);
+    2. an extension that emits `end_id`, or that reaches the example's bound in
+       `max_lengths`, leaves the alive set (its slot is dead for this step) and competes
+       for the finished set with score `log_prob / length_penalty(length, alpha)`,
+       `length_penalty = ((5 + length) / 6) ** alpha`;
+    3. an example is done when it has no alive hypothesis left, or when its finished set
+       is full and the worst finished score is at least the best score an alive
+       hypothesis can still reach (its log-probability divided by the largest penalty it
+       can still get); the `tf.while_loop` stops when every example is done.
+
+    Selecting the `beam_size` best extensions (not `2 * beam_size`) makes `beam_size=1`
+    exactly greedy search for any `alpha`: its single extension is the argmax, and once it
+    emits END no alive hypothesis remains. Dead slots carry a large finite negative
+    log-probability, so no NaN appears.
+
+    Args:
+        next_logits: callable `(tokens, cache, index) -> (logits, cache)` as in
+            `greedy_search`, called with `N = B * beam_size` rows.
+        initial_cache: nest of tensors with leading axis `B` (may be empty).
+        batch_size: int or int32 scalar tensor, `B`.
+        max_length: int, the static number of steps (size of the cache's time axis and of
+            the output buffer).
+        beam_size: int, `K`, the number of alive and of finished hypotheses. Defaults
+            to `4`.
+        alpha: float, the length penalty strength; `0` ranks by raw log-probability.
+            Defaults to `0.6`.
+        start_id: int, the START token. Defaults to `1`.
+        end_id: int, the END token. Defaults to `2`.
+        pad_id: int, written after END. Defaults to `0`.
+        max_lengths: optional int `(B,)`, per-example bounds on the number of generated
+            tokens, clipped to `[1, max_length]`. Defaults to `None`.
+        return_all_beams: bool, return the `K` finished hypotheses of every example
+            (best first) instead of the best one. Defaults to `False`.
+
+    Returns:
+        A `SearchResult` for the best finished hypothesis of every example: `tokens` int32
+        `(B, max_length)`, `scores` float32 `(B,)` (sum of log-probabilities, END
+        included, not normalized), `lengths` int32 `(B,)` (END included),
+        `normalized_scores` float32 `(B,)` (`scores / length_penalty(lengths, alpha)`,
+        the ranking score). With `return_all_beams=True` every field gains a beam axis
+        after the batch axis, sorted best first; slots that no hypothesis filled have
+        `normalized_scores` and `scores` near `NEG_INF` and `lengths` 0.
+
+    Example:
+
+    >>> table = tf.math.log(tf.constant([[.1, .1, .1, .7], [.1, .1, .1, .7],
+    ...                                  [.1, .1, .1, .7], [.1, .1, .7, .1]]))
+    >>> def next_logits(tokens, cache, index):
+    ...     return tf.gather(table, tokens[:, 0]), cache
+    >>> beam_search(next_logits, {}, 1, 4, beam_size=2).tokens.numpy().tolist()
+    [[3, 2, 0, 0]]
+
+    References:
+        Wu et al., 2016, "Google's Neural Machine Translation System" (length penalty);
+        Vaswani et al., 2017, "Attention Is All You Need" (beam 4, alpha 0.6).
+    """
+    max_length = utils.check_max_length(max_length)
+    beam_size = int(beam_size)
+    if beam_size < 1:
+        raise ValueError(f"`beam_size` must be at least 1, received {beam_size}.")
+    batch_size = tf.convert_to_tensor(batch_size, tf.int32)
+    bounds = utils.resolve_max_lengths(max_lengths, batch_size, max_length)  # (B,)
+    cache = utils.tile_beams(utils.to_tensors(initial_cache), beam_size)  # (B*K, ...)
+
+    # Only the first beam is alive at the start, so the first step's K extensions differ.
+    first_log_probs = tf.tile(
+        tf.constant([[0.0] + [utils.NEG_INF] * (beam_size - 1)], tf.float32),
+        [batch_size, 1],
+    )  # (B, K)
+    alive = (
+        tf.fill([batch_size * beam_size, 1], tf.constant(start_id, tf.int32)),  # (B*K, 1)
+        tf.fill([batch_size, beam_size, max_length], tf.constant(pad_id, tf.int32)),
+        first_log_probs,  # (B, K)
+    )
+    finished = (
+        tf.fill([batch_size, beam_size, max_length], tf.constant(pad_id, tf.int32)),
+        tf.fill([batch_size, beam_size], tf.constant(utils.NEG_INF, tf.float32)),  # normalized
+        tf.fill([batch_size, beam_size], tf.constant(utils.NEG_INF, tf.float32)),  # log-prob
+        tf.zeros([batch_size, beam_size], tf.int32),  # lengths
+        tf.zeros([batch_size, beam_size], tf.bool),  # filled
+    )
+    done = tf.zeros([batch_size], tf.bool)
+
+    def cond(step, unused_alive, unused_cache, unused_finished, done):
+        return tf.logical_not(tf.reduce_all(done))
+
+    def body(step, alive, cache, finished, done):
+        last_tokens, alive_seq, alive_log_probs = alive
+        logits, cache = next_logits(last_tokens, cache, step)
+        logits = tf.cast(logits, tf.float32)  # (B*K, V)
+        vocab_size = tf.shape(logits)[-1]
+        log_probs = tf.reshape(
+            tf.nn.log_softmax(logits, axis=-1), [batch_size, beam_size, -1]
+        )  # (B, K, V)
+        candidate_log_probs = alive_log_probs[:, :, None] + log_probs  # (B, K, V)
+        flat_log_probs = tf.reshape(candidate_log_probs, [batch_size, -1])  # (B, K*V)
+        top_log_probs, top_indices = tf.math.top_k(flat_log_probs, k=beam_size)  # (B, K)
+        source_beams = top_indices // vocab_size  # (B, K)
+        new_tokens = top_indices % vocab_size  # (B, K)
+        new_seq = tf.gather(alive_seq, source_beams, batch_dims=1)  # (B, K, T)
+        new_seq = utils.write_column(new_seq, step, new_tokens)  # (B, K, T)
+        length = step + 1
+        possible = top_log_probs > utils.IMPOSSIBLE  # (B, K)
+        ends = possible & (
+            tf.equal(new_tokens, end_id) | (length >= bounds)[:, None]
+        )  # (B, K)
+
+        # Hypotheses that ended join the finished set, which keeps the K best.
+        penalty = utils.length_penalty(length, alpha)
+        new_scores = tf.where(ends, top_log_probs / penalty, utils.NEG_INF)  # (B, K)
+        fin_seq, fin_scores, fin_log_probs, fin_lengths, fin_filled = finished
+        all_scores = tf.concat([fin_scores, new_scores], axis=1)  # (B, 2K)
+        # Ties keep the older hypothesis (top_k prefers the lower index).
+        fin_scores, keep = tf.math.top_k(all_scores, k=beam_size)  # (B, K)
+
+        def merge(old, new):
+            return tf.gather(tf.concat([old, new], axis=1), keep, batch_dims=1)
+
+        # Candidates that did not end may fill empty slots: keep those slots blank.
+        finished = (
+            merge(fin_seq, tf.where(ends[:, :, None], new_seq, pad_id)),  # (B, K, T)
+            fin_scores,
+            merge(fin_log_probs, tf.where(ends, top_log_probs, utils.NEG_INF)),
+            merge(fin_lengths, tf.where(ends, length, 0)),
+            merge(fin_filled, ends),
+        )
+
+        # The rest stay alive; their cache rows follow them.
+        alive_log_probs = tf.where(possible & ~ends, top_log_probs, utils.NEG_INF)
+        best_alive = tf.reduce_max(alive_log_probs, axis=1)  # (B,)
+        no_alive = best_alive <= utils.IMPOSSIBLE
+        cannot_improve = finished[4][:, -1] & (
+            fin_scores[:, -1] >= _upper_bound(best_alive, step, bounds, alpha)
+        )
+        done = done | no_alive | cannot_improve  # (B,)
+        # A done example keeps no alive hypothesis, so it cannot change any more.
+        alive_log_probs = tf.where(done[:, None], utils.NEG_INF, alive_log_probs)
+        cache = utils.gather_beams(cache, source_beams, beam_size)  # (B*K, ...)
+        alive = (
+            tf.reshape(new_tokens, [-1, 1]),  # (B*K, 1)
+            new_seq,
+            alive_log_probs,
+        )
+        return step + 1, alive, cache, finished, done
+
+    _, _, _, finished, _ = tf.while_loop(
+        cond,
+        body,
+        loop_vars=(tf.constant(0, tf.int32), alive, cache, finished, done),
+        shape_invariants=(
+            tf.TensorShape([]),
+            (
+                tf.TensorShape([None, 1]),
+                tf.TensorShape([None, beam_size, max_length]),
+                tf.TensorShape([None, beam_size]),
+            ),
+            utils.relaxed_batch_shapes(cache),
+            (
+                tf.TensorShape([None, beam_size, max_length]),
+                tf.TensorShape([None, beam_size]),
+                tf.TensorShape([None, beam_size]),
+                tf.TensorShape([None, beam_size]),
+                tf.TensorShape([None, beam_size]),
+            ),
+            tf.TensorShape([None]),
+        ),
+        maximum_iterations=max_length,
+    )
+    fin_seq, fin_scores, fin_log_probs, fin_lengths, _ = finished
+    result = utils.SearchResult(
+        tokens=fin_seq,
+        scores=fin_log_probs,
+        lengths=fin_lengths,
+        normalized_scores=fin_scores,
+    )
+    if return_all_beams:
+        return result
+    # Every example finishes at least one hypothesis (at the latest at its bound), and the
+    # finished set is sorted best first.
+    return utils.SearchResult(*(field[:, 0] for field in result))

@@ -1,0 +1,284 @@
+"""Greedy search, with a cached decoder step or by recomputing the whole prefix.
+
+Both searches follow one hypothesis per example and pick the next token with a selection
+function (argmax for greedy search; `sampling.sample` reuses the same loop with a sampler).
+"""
+
+import tensorflow as tf
+
+from keras_transformer.decoding import utils
+
+
+def greedy_token(logits, log_probs, step):
+    """Selects the most likely token, the lowest id on ties (like `tf.math.top_k`).
+
+    Args:
+        logits: float32 `(B, V)`, unused.
+        log_probs: float32 `(B, V)`.
+        step: int32 scalar, unused.
+
+    Returns:
+        int32 `(B,)`.
+    """
+    del logits, step
+    return tf.math.top_k(log_probs, k=1).indices[:, 0]
+
+
+def _advance(step, next_token, log_probs, state, bounds, end_id, pad_id):
+    """Appends one token to every unfinished hypothesis and updates the bookkeeping.
+
+    Args:
+        step: int32 scalar, the output position being written (0 = first generated).
+        next_token: int32 `(B,)`, the selected tokens.
+        log_probs: float32 `(B, V)`, the model's log-probabilities at this step.
+        state: tuple `(tokens (B, T), scores (B,), lengths (B,), finished (B,))`.
+        bounds: int32 `(B,)`, per-example bounds on the number of generated tokens.
+        end_id: int, the END token.
+        pad_id: int, written after END.
+
+    Returns:
+        `(next_token (B,), state)` with `pad_id` fed to already-finished rows.
+    """
+    tokens, scores, lengths, finished = state
+    next_token = tf.where(finished, pad_id, next_token)  # (B,)
+    token_log_prob = tf.gather(log_probs, next_token, batch_dims=1)  # (B,)
+    scores = scores + tf.where(finished, 0.0, token_log_prob)
+    lengths = lengths + tf.cast(tf.logical_not(finished), tf.int32)
+    tokens = utils.write_column(tokens, step, next_token)  # (B, T)
+    # An example ends with END or when it has generated its bound of tokens.
+    finished = finished | tf.equal(next_token, end_id) | (step + 1 >= bounds)
+    return next_token, (tokens, scores, lengths, finished)
+
+
+def _initial_state(batch_size, max_length, pad_id):
+    """`(tokens, scores, lengths, finished)` before the first step."""
+    return (
+        tf.fill([batch_size, max_length], tf.constant(pad_id, tf.int32)),
+        tf.zeros([batch_size], tf.float32),
+        tf.zeros([batch_size], tf.int32),
+        tf.zeros([batch_size], tf.bool),
+    )
+
+
+def _state_invariants(max_length):
+    return (
+        tf.TensorShape([None, max_length]),
+        tf.TensorShape([None]),
+        tf.TensorShape([None]),
+        tf.TensorShape([None]),
+    )
+
+
+def _result(state):
+    tokens, scores, lengths, _ = state
+    return utils.SearchResult(
+        tokens=tokens, scores=scores, lengths=lengths, normalized_scores=scores
+    )
+
+
+def decode_single_path(
+    next_logits,
+    initial_cache,
+    batch_size,
+    max_length,
+    select_token,
+    start_id=1,
+    end_id=2,
+    pad_id=0,
+    max_lengths=None,
+):
+    """Runs one hypothesis per example, choosing each token with `select_token`.
+
+    The loop used by `greedy_search` and `sampling.sample`: a `tf.while_loop` of at most
+    `max_length` steps that stops as soon as every example has finished (produced END or
+    reached its bound in `max_lengths`).
+
+    Args:
+        next_logits: callable `(tokens (N, 1), cache, index) -> (logits (N, V), cache)`.
+        initial_cache: nest of tensors with leading axis `B`.
+        batch_size: int or int32 scalar tensor, `B`.
+        max_length: int, the static number of steps.
+        select_token: callable `(logits (B, V), log_probs (B, V), step) -> int32 (B,)`.
+        start_id: int, the token fed at position 0. Defaults to `1`.
+        end_id: int, the token that ends a hypothesis. Defaults to `2`.
+        pad_id: int, written after END. Defaults to `0`.
+        max_lengths: optional int `(B,)`, per-example bounds on the number of generated
+            tokens, clipped to `[1, max_length]`. Defaults to `max_length` for all.
+
+    Returns:
+        A `SearchResult` with `tokens (B, max_length)`, `scores (B,)`, `lengths (B,)`.
+    """
+    max_length = utils.check_max_length(max_length)
+    batch_size = tf.convert_to_tensor(batch_size, tf.int32)
+    bounds = utils.resolve_max_lengths(max_lengths, batch_size, max_length)  # (B,)
+    cache = utils.to_tensors(initial_cache)
+    first_tokens = tf.fill([batch_size, 1], tf.constant(start_id, tf.int32))  # (B, 1)
+
+    def cond(step, unused_tokens, unused_cache, state):
+        return tf.logical_not(tf.reduce_all(state[3]))
+
+    def body(step, last_tokens, cache, state):
+        logits, cache = next_logits(last_tokens, cache, step)
+        logits = tf.cast(logits, tf.float32)  # (B, V)
+        log_probs = tf.nn.log_softmax(logits, axis=-1)  # (B, V)
+        chosen = tf.cast(select_token(logits, log_probs, step), tf.int32)  # (B,)
+        chosen, state = _advance(step, chosen, log_probs, state, bounds, end_id, pad_id)
+        return step + 1, chosen[:, None], cache, state
+
+    _, _, _, state = tf.while_loop(
+        cond,
+        body,
+        loop_vars=(
+            tf.constant(0, tf.int32),
+            first_tokens,
+            cache,
+            _initial_state(batch_size, max_length, pad_id),
+        ),
+        shape_invariants=(
+            tf.TensorShape([]),
+            tf.TensorShape([None, 1]),
+            utils.relaxed_batch_shapes(cache),
+            _state_invariants(max_length),
+        ),
+        maximum_iterations=max_length,
+    )
+    return _result(state)
+
+
+def greedy_search(
+    next_logits,
+    initial_cache,
+    batch_size,
+    max_length,
+    start_id=1,
+    end_id=2,
+    pad_id=0,
+    max_lengths=None,
+):
+    """Greedy decoding: the most likely token at every step, with a cached decoder step.
+
+    Position 0 holds `start_id`; step `i` feeds the token at position `i` and receives the
+    logits of position `i + 1`. An example finishes when it emits `end_id` or when it has
+    generated `max_lengths[b]` tokens; finished examples are fed `pad_id` and their
+    outputs ignored. The `tf.while_loop` stops when every example has finished, yet the
+    output shapes stay `(B, max_length)`, so the search traces once with an unknown
+    batch size and can be saved into a SavedModel.
+
+    Args:
+        next_logits: callable `(tokens, cache, index) -> (logits, cache)`: `tokens` int32
+            `(B, 1)`, the token at position `index`; `cache` a nest of tensors with
+            leading axis `B`; `index` an int32 scalar; `logits` float `(B, V)` for
+            position `index + 1`; the returned cache keeps the structure and shapes.
+        initial_cache: nest of tensors with leading axis `B` (may be empty, `{}`).
+        batch_size: int or int32 scalar tensor (`tf.shape(x)[0]`), `B`.
+        max_length: int, the static number of steps: the size of the cache's time axis
+            and of the output buffer.
+        start_id: int, the START token. Defaults to `1`.
+        end_id: int, the END token. Defaults to `2`.
+        pad_id: int, the padding written after END. Defaults to `0`.
+        max_lengths: optional int `(B,)`, per-example bounds on the number of generated
+            tokens (END included), clipped to `[1, max_length]`. Defaults to `None`
+            (`max_length` for every example).
+
+    Returns:
+        A `SearchResult`: `tokens` int32 `(B, max_length)` (no START, END included,
+        `pad_id` afterwards), `scores` float32 `(B,)` (sum of the log-probabilities of the
+        generated tokens), `lengths` int32 `(B,)` (generated tokens, END included),
+        `normalized_scores` equal to `scores`.
+
+    Example:
+
+    >>> table = tf.math.log(tf.constant([[.1, .1, .1, .7], [.1, .1, .1, .7],
+    ...                                  [.1, .1, .1, .7], [.1, .1, .7, .1]]))
+    >>> def next_logits(tokens, cache, index):
+    ...     return tf.gather(table, tokens[:, 0]), cache
+    >>> greedy_search(next_logits, {}, 1, 4).tokens.numpy().tolist()
+    [[3, 2, 0, 0]]
+    """
+    return decode_single_path(
+        next_logits,
+        initial_cache,
+        batch_size,
+        max_length,
+        greedy_token,
+        start_id=start_id,
+        end_id=end_id,
+        pad_id=pad_id,
+        max_lengths=max_lengths,
+    )
+
+
+def greedy_search_uncached(
+    logits_fn,
+    encoder_state,
+    batch_size,
+    max_length,
+    start_id=1,
+    end_id=2,
+    pad_id=0,
+    max_lengths=None,
+):
+    """Greedy decoding that recomputes the whole prefix every step (no cache).
+
+    The reference path of the TensorFlow Transformer tutorial: the prefix
+    `[START, y_1, ..., y_i]` grows by one token per step (a `tf.while_loop` variable
+    whose time axis is `None` in its shape invariant) and the full decoder runs on it
+    again, costing O(T^2) decoder positions. It gives the same outputs as `greedy_search`
+    when `logits_fn` and the cached `next_logits` describe the same model, and exists for
+    tests and benchmarks.
+
+    Args:
+        logits_fn: callable `(prefix_tokens, encoder_state) -> logits`, `prefix_tokens`
+            int32 `(B, t)`, `logits` float `(B, t, V)`; only the last position is used.
+        encoder_state: any nest passed through unchanged (for example the encoder's
+            memory and mask).
+        batch_size: int or int32 scalar tensor, `B`.
+        max_length: int, the maximum number of generated tokens.
+        start_id: int, the START token. Defaults to `1`.
+        end_id: int, the END token. Defaults to `2`.
+        pad_id: int, appended to finished examples. Defaults to `0`.
+        max_lengths: optional int `(B,)`, per-example bounds clipped to
+            `[1, max_length]`. Defaults to `None`.
+
+    Returns:
+        A `SearchResult` as returned by `greedy_search`.
+
+    Example:
+
+    >>> def logits_fn(prefix, state):
+    ...     return tf.one_hot(tf.fill(tf.shape(prefix), 2), 4) * 10.0
+    >>> greedy_search_uncached(logits_fn, (), 2, 3).lengths.numpy().tolist()
+    [1, 1]
+    """
+    max_length = utils.check_max_length(max_length)
+    batch_size = tf.convert_to_tensor(batch_size, tf.int32)
+    bounds = utils.resolve_max_lengths(max_lengths, batch_size, max_length)  # (B,)
+    prefix = tf.fill([batch_size, 1], tf.constant(start_id, tf.int32))  # (B, 1)
+
+    def cond(step, unused_prefix, state):
+        return tf.logical_not(tf.reduce_all(state[3]))
+
+    def body(step, prefix, state):
+        logits = tf.cast(logits_fn(prefix, encoder_state), tf.float32)  # (B, t, V)
+        log_probs = tf.nn.log_softmax(logits[:, -1, :], axis=-1)  # (B, V)
+        chosen = greedy_token(None, log_probs, step)  # (B,)
+        chosen, state = _advance(step, chosen, log_probs, state, bounds, end_id, pad_id)
+        prefix = tf.concat([prefix, chosen[:, None]], axis=1)  # (B, t + 1)
+        return step + 1, prefix, state
+
+    _, _, state = tf.while_loop(
+        cond,
+        body,
+        loop_vars=(
+            tf.constant(0, tf.int32),
+            prefix,
+            _initial_state(batch_size, max_length, pad_id),
+        ),
+        shape_invariants=(
+            tf.TensorShape([]),
+            tf.TensorShape([None, None]),
+            _state_invariants(max_length),
+        ),
+        maximum_iterations=max_length,
+    )
+    return _result(state)

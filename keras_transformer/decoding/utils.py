@@ -1,0 +1,171 @@
+"""Pieces shared by the searches: the result tuple, the length penalty, beam tiling.
+
+Everything here is pure TensorFlow and shape-static in the time axis, so the searches that
+use it trace once inside a `tf.function` whose batch dimension is unknown (`None`).
+"""
+
+import collections
+
+import tensorflow as tf
+
+# A large finite negative used for impossible hypotheses and masked logits. Finite (not
+# `-inf`) so that sums, divisions by the length penalty and softmaxes never give NaN.
+NEG_INF = -1e9
+
+# Log-probabilities at or below this value mark a hypothesis as impossible (it went through a
+# masked logit or a dead beam slot): a real log-probability is never this small.
+IMPOSSIBLE = NEG_INF / 2.0
+
+
+class SearchResult(
+    collections.namedtuple(
+        "SearchResult", ["tokens", "scores", "lengths", "normalized_scores"]
+    )
+):
+    """The output of every search: generated tokens and their scores.
+
+    Fields:
+        tokens: int32 `(B, max_length)` (or `(B, beam_size, max_length)` when all beams
+            were asked for), the generated tokens without START, END included, `pad_id`
+            after END (or after the last token when the example was stopped by its length
+            bound).
+        scores: float32 `(B,)`, the sum of the model's log-probabilities of the generated
+            tokens, END included (unnormalized).
+        lengths: int32 `(B,)`, the number of generated tokens, END included; an example
+            stopped by its length bound counts the tokens it generated.
+        normalized_scores: float32 `(B,)`, the score the search ranked by:
+            `scores / length_penalty(lengths, alpha)` for beam search, equal to `scores`
+            for greedy search and sampling (which apply no length penalty).
+    """
+
+    __slots__ = ()
+
+
+def length_penalty(length, alpha):
+    """The GNMT length penalty `((5 + length) / 6) ** alpha` (Wu et al., 2016).
+
+    Beam search divides a hypothesis' log-probability by this value, so with `alpha > 0`
+    longer hypotheses are penalized less for their extra (negative) log-probability terms.
+    `alpha = 0` gives 1 (no normalization).
+
+    Args:
+        length: int or float tensor of any shape, the number of generated tokens.
+        alpha: float or float32 scalar tensor, the strength of the penalty.
+
+    Returns:
+        A float32 tensor with the shape of `length`.
+
+    Example:
+
+    >>> float(length_penalty(1, 1.0))
+    1.0
+
+    References:
+        Wu et al., 2016, "Google's Neural Machine Translation System", eq. 14.
+    """
+    length = tf.cast(length, tf.float32)
+    alpha = tf.cast(alpha, tf.float32)
+    return tf.pow((5.0 + length) / 6.0, alpha)
+
+
+def tile_beams(nest, beam_size):
+    """Repeats every tensor of a nest `beam_size` times along its leading (batch) axis.
+
+    Example `b`'s copies end up adjacent: rows `b * beam_size ... b * beam_size + K - 1`,
+    the layout `gather_beams` and `beam_search` assume.
+
+    Args:
+        nest: a nest (dict, tuple, list) of tensors whose leading axis is `B`.
+        beam_size: int, the number of beams `K`.
+
+    Returns:
+        The same nest with each tensor of leading axis `B * K`.
+
+    Example:
+
+    >>> tile_beams({"x": tf.constant([[1], [2]])}, 2)["x"].numpy().ravel().tolist()
+    [1, 1, 2, 2]
+    """
+    return tf.nest.map_structure(
+        lambda t: tf.repeat(t, beam_size, axis=0), nest
+    )
+
+
+def gather_beams(nest, beam_indices, beam_size):
+    """Reorders the beams of a flat `(B * K, ...)` nest.
+
+    Args:
+        nest: a nest of tensors whose leading axis is `B * K` (beams of one example
+            adjacent, as `tile_beams` lays them out).
+        beam_indices: int32 `(B, K)`, for every new beam the index (in `[0, K)`) of the
+            beam of the same example it comes from.
+        beam_size: int, `K`.
+
+    Returns:
+        The nest with row `b * K + j` taken from row `b * K + beam_indices[b, j]`.
+    """
+    batch_size = tf.shape(beam_indices)[0]
+    offsets = tf.range(batch_size, dtype=tf.int32)[:, None] * beam_size  # (B, 1)
+    flat_indices = tf.reshape(beam_indices + offsets, [-1])  # (B*K,)
+    return tf.nest.map_structure(
+        lambda t: tf.gather(t, flat_indices, axis=0), nest
+    )
+
+
+def resolve_max_lengths(max_lengths, batch_size, max_length):
+    """Per-example bounds on the number of generated tokens, clipped to `[1, max_length]`.
+
+    Args:
+        max_lengths: `None` or int `(B,)`.
+        batch_size: int or int32 scalar tensor, `B`.
+        max_length: int, the static number of decoding steps.
+
+    Returns:
+        int32 `(B,)`.
+    """
+    if max_lengths is None:
+        return tf.fill([batch_size], tf.constant(max_length, tf.int32))
+    max_lengths = tf.cast(max_lengths, tf.int32)
+    return tf.clip_by_value(max_lengths, 1, max_length)
+
+
+def check_max_length(max_length):
+    """Returns `max_length` as a Python int, or raises `ValueError`."""
+    if isinstance(max_length, tf.Tensor):
+        raise ValueError(
+            "`max_length` must be a Python int (it fixes the static shapes of the "
+            f"search); received the tensor {max_length}. Pass a per-example bound "
+            "through `max_lengths` instead."
+        )
+    max_length = int(max_length)
+    if max_length < 1:
+        raise ValueError(f"`max_length` must be at least 1, received {max_length}.")
+    return max_length
+
+
+def write_column(buffer, step, values):
+    """Writes `values` at time position `step` of a `(..., T)` buffer.
+
+    Args:
+        buffer: a tensor `(..., T)`.
+        step: int32 scalar, the position to write.
+        values: a tensor `(...)` with the leading shape of `buffer`.
+
+    Returns:
+        The updated buffer (same shape).
+    """
+    max_length = buffer.shape[-1]
+    at_step = tf.equal(tf.range(max_length, dtype=tf.int32), step)  # (T,)
+    return tf.where(at_step, values[..., None], buffer)
+
+
+def relaxed_batch_shapes(nest):
+    """`tf.TensorShape` invariants with the leading (batch) axis unknown."""
+    return tf.nest.map_structure(
+        lambda t: tf.TensorShape([None]).concatenate(t.shape[1:]), nest
+    )
+
+
+def to_tensors(nest):
+    """Converts every leaf of a nest to a tensor."""
+    return tf.nest.map_structure(tf.convert_to_tensor, nest)
