@@ -1,0 +1,135 @@
+"""Training of SentencePiece vocabularies with the reserved ids of keras_transformer."""
+
+import gzip
+import io
+import os
+import pathlib
+
+import sentencepiece as spm
+
+from keras_transformer.text.normalization import NORMALIZATION_RULE
+from keras_transformer.text.special_tokens import END_ID, PAD_ID, START_ID, UNK_ID
+
+
+def _open_text(path):
+    path = os.fspath(path)
+    if path.endswith(".gz"):
+        return gzip.open(path, "rt", encoding="utf-8", errors="replace")
+    return open(path, "rt", encoding="utf-8", errors="replace")
+
+
+def _iter_file_lines(paths):
+    for path in paths:
+        with _open_text(path) as f:
+            for line in f:
+                yield line.rstrip("\r\n")
+
+
+def _iter_sentences(sentences):
+    """Yields str sentences from sentences, file path(s) or a dataset of strings."""
+    if isinstance(sentences, (str, os.PathLike)):
+        # A bare str is read as a file name: a single sentence is no training corpus.
+        yield from _iter_file_lines([sentences])
+        return
+    if hasattr(sentences, "as_numpy_iterator"):  # a tf.data.Dataset of strings
+        sentences = sentences.as_numpy_iterator()
+    for item in sentences:
+        if isinstance(item, pathlib.PurePath):
+            yield from _iter_file_lines([item])
+        elif isinstance(item, bytes):
+            yield item.decode("utf-8", errors="replace")
+        elif hasattr(item, "numpy"):  # an eager scalar string tensor
+            yield item.numpy().decode("utf-8", errors="replace")
+        else:
+            yield str(item)
+
+
+def train_sentencepiece(
+    sentences,
+    output_path,
+    vocab_size=8000,
+    model_type="unigram",
+    character_coverage=1.0,
+    byte_fallback=True,
+    normalization_rule_name=NORMALIZATION_RULE,
+    max_sentences=None,
+    max_sentence_length=4192,
+    num_threads=2,
+    **extra_options,
+):
+    """Trains a SentencePiece model with the reserved ids of keras_transformer.
+
+    Training reads the sentences through SentencePiece's `sentence_iterator` and gets the
+    model back through `model_writer`, so nothing is written but `output_path`. The
+    reserved ids are `0` = `<pad>`, `1` = `<s>` (start), `2` = `</s>` (end), `3` = `<unk>`.
+    The result is deterministic: the same sentences in the same order give the same bytes.
+
+    Text is normalized with `normalization_rule_name` (see
+    `keras_transformer.text.normalization`); with `byte_fallback=True` characters missing
+    from the vocabulary are encoded as UTF-8 byte pieces (`<0xF0>` ...) instead of `<unk>`,
+    so decoding is lossless on normalized text for any script or emoji. Byte fallback
+    takes 256 ids of the vocabulary.
+
+    Args:
+        sentences: the training text: an iterable of str (or bytes, or a
+            `tf.data.Dataset` of scalar strings), or a file path (`str` or
+            `os.PathLike`, `.gz` allowed) or a list of `pathlib.Path`, one sentence a line.
+            A bare `str` is always taken as a file path.
+        output_path: str or path-like, where the `.model` file is written. Parent
+            directories are created.
+        vocab_size: int, number of pieces including the 4 reserved ones (and the 256 byte
+            pieces with `byte_fallback`). Defaults to `8000`.
+        model_type: str, `"unigram"`, `"bpe"`, `"char"` or `"word"`. Defaults to
+            `"unigram"`.
+        character_coverage: float, fraction of characters covered by the vocabulary.
+            Defaults to `1.0` (all characters of the corpus; right for European languages).
+        byte_fallback: bool, encode unknown characters as bytes. Defaults to `True`.
+        normalization_rule_name: str, SentencePiece normalization rule. Defaults to
+            `"nmt_nfkc"`; `normalize()` must use the same rule.
+        max_sentences: int or None, sample at most this many sentences (SentencePiece's
+            `input_sentence_size`, with its fixed-seed shuffling). Defaults to `None`
+            (all sentences).
+        max_sentence_length: int, longer sentences (in bytes) are skipped in training.
+            Defaults to `4192`.
+        num_threads: int, training threads. Defaults to `2`.
+        **extra_options: further `spm.SentencePieceTrainer.train` options.
+
+    Returns:
+        The `pathlib.Path` of the written model file.
+
+    Example:
+
+    >>> path = train_sentencepiece(
+    ...     ["A dog runs.", "Ein Hund rennt."] * 50, "/tmp/tiny.model",
+    ...     vocab_size=300, hard_vocab_limit=False)
+    """
+    output_path = pathlib.Path(output_path)
+    model = io.BytesIO()
+    options = dict(
+        sentence_iterator=_iter_sentences(sentences),
+        model_writer=model,
+        vocab_size=vocab_size,
+        model_type=model_type,
+        character_coverage=character_coverage,
+        byte_fallback=byte_fallback,
+        normalization_rule_name=normalization_rule_name,
+        pad_id=PAD_ID,
+        bos_id=START_ID,
+        eos_id=END_ID,
+        unk_id=UNK_ID,
+        pad_piece="<pad>",
+        bos_piece="<s>",
+        eos_piece="</s>",
+        unk_piece="<unk>",
+        input_sentence_size=max_sentences or 0,
+        shuffle_input_sentence=True,
+        max_sentence_length=max_sentence_length,
+        num_threads=num_threads,
+        # Training logs go to stderr from C++ and would flood test and training output.
+        minloglevel=2,
+    )
+    options.update(extra_options)
+    spm.SentencePieceTrainer.train(**options)
+    output_path.parent.mkdir(parents=True, exist_ok=True)
+    output_path.write_bytes(model.getvalue())
+    return output_path

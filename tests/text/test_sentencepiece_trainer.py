@@ -1,0 +1,35 @@
+"""Tests of train_sentencepiece: reserved ids, determinism, no leaked files."""
+
+import sentencepiece as spm
+
+from keras_transformer.text import END_ID, PAD_ID, START_ID, UNK_ID, train_sentencepiece
+
+
+def test_reserved_ids(small_model_path):
+    sp = spm.SentencePieceProcessor(model_file=str(small_model_path))
+    assert (PAD_ID, START_ID, END_ID, UNK_ID) == (0, 1, 2, 3)
+    assert sp.pad_id() == PAD_ID and sp.id_to_piece(PAD_ID) == "<pad>"
+    assert sp.bos_id() == START_ID and sp.id_to_piece(START_ID) == "<s>"
+    assert sp.eos_id() == END_ID and sp.id_to_piece(END_ID) == "</s>"
+    assert sp.unk_id() == UNK_ID and sp.id_to_piece(UNK_ID) == "<unk>"
+    assert sp.get_piece_size() == 2000
+    # Ordinary text never produces a reserved id, so 0 can mean padding downstream.
+    ids = sp.encode("A man in a blue shirt. Ein Mann im blauen Hemd.")
+    assert ids and min(ids) > UNK_ID
+
+
+def test_deterministic_and_writes_only_the_model(tmp_path, train_sentences):
+    subset = train_sentences[::8]
+    first = train_sentencepiece(subset, tmp_path / "a" / "x.model", vocab_size=600)
+    second = train_sentencepiece(iter(subset), tmp_path / "b" / "x.model", vocab_size=600)
+    assert first.read_bytes() == second.read_bytes()
+    # Trained from an in-memory iterator: no vocab or temp files next to the model.
+    assert sorted(p.name for p in tmp_path.rglob("*") if p.is_file()) == ["x.model", "x.model"]
+
+
+def test_trains_from_files(tmp_path, train_sentences):
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("\n".join(train_sentences[::8]) + "\n", encoding="utf-8")
+    from_file = train_sentencepiece(str(corpus), tmp_path / "f.model", vocab_size=600)
+    from_list = train_sentencepiece(train_sentences[::8], tmp_path / "l.model", vocab_size=600)
+    assert from_file.read_bytes() == from_list.read_bytes()
