@@ -1,0 +1,46 @@
+"""The paper's optimizer: Adam with the warmup / inverse-square-root schedule."""
+
+import keras
+
+from keras_transformer.training.schedules import TransformerSchedule
+
+
+def make_optimizer(
+    d_model,
+    warmup_steps,
+    scale=1.0,
+    clipnorm=None,
+    beta_1=0.9,
+    beta_2=0.98,
+    epsilon=1e-9,
+):
+    """Builds `keras.optimizers.Adam` driven by a `TransformerSchedule`.
+
+    Args:
+        d_model: int, the model width (sets the schedule's scale `d_model**-0.5`).
+        warmup_steps: int, steps of linear learning-rate warmup.
+        scale: float, multiplier of the learning rate. Defaults to `1.0`.
+        clipnorm: float or `None`, clip each gradient to this norm. Defaults to `None`.
+        beta_1: float, Adam's first-moment decay. Defaults to `0.9` (paper).
+        beta_2: float, Adam's second-moment decay. Defaults to `0.98` (paper).
+        epsilon: float, Adam's epsilon. Defaults to `1e-9` (paper).
+
+    Returns:
+        A `keras.optimizers.Adam`. Under mixed float16 `Model.compile` wraps it in a
+        `LossScaleOptimizer` itself.
+
+    Example:
+
+    >>> optimizer = make_optimizer(d_model=256, warmup_steps=1000, clipnorm=1.0)
+    >>> model.compile(optimizer=optimizer, loss=MaskedSparseCategoricalCrossentropy())
+
+    References:
+        - [Vaswani et al., 2017](https://arxiv.org/abs/1706.03762), section 5.3.
+    """
+    return keras.optimizers.Adam(
+        learning_rate=TransformerSchedule(d_model, warmup_steps=warmup_steps, scale=scale),
+        beta_1=beta_1,
+        beta_2=beta_2,
+        epsilon=epsilon,
+        clipnorm=clipnorm,
+    )

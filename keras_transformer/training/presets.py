@@ -1,0 +1,275 @@
+"""`TrainingConfig`: every setting of a training run in one place, and the named presets."""
+
+import dataclasses
+import json
+import os
+
+PRECISIONS = (None, "mixed_bfloat16", "mixed_float16")
+
+
+def _field(default, help):
+    """A dataclass field whose `metadata["help"]` documents it (the CLI reuses the text)."""
+    return dataclasses.field(default=default, metadata={"help": help})
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainingConfig:
+    """The settings of one training run: model size, data, optimization, precision,
+    validation decoding and seed.
+
+    Every field carries its documentation in `metadata["help"]`. Instances are frozen:
+    derive variants with `replace(**overrides)`, which validates again. `get_preset(name)`
+    returns a named configuration, `from_file(path)` reads one from JSON or YAML.
+
+    Example:
+
+    >>> config = get_preset("quick").replace(epochs=2)
+    >>> config.to_dict()["d_model"]
+    128
+    """
+
+    # Model size.
+    vocab_size: int = _field(
+        8000, "Size of the subword vocabulary (incl. the 4 reserved ids 0-3)."
+    )
+    shared_vocabulary: bool = _field(
+        True, "One vocabulary for source and target (a joint tokenizer and embedding)."
+    )
+    d_model: int = _field(512, "Width of embeddings and of every sublayer output.")
+    num_heads: int = _field(8, "Attention heads per attention layer; divides d_model.")
+    ff_dim: int = _field(2048, "Inner width of the position-wise feed-forward network.")
+    num_layers: int = _field(6, "Number of encoder layers.")
+    num_decoder_layers: int | None = _field(
+        None, "Number of decoder layers; None means the same as num_layers."
+    )
+    dropout: float = _field(
+        0.1, "Dropout rate on sublayer outputs, embeddings and attention weights."
+    )
+    norm_first: bool = _field(
+        False, "Pre-layer-norm blocks (True) instead of the paper's post-norm (False)."
+    )
+    tie_embeddings: bool = _field(
+        True, "Share the target embedding with the output projection (and the source "
+        "embedding when the vocabulary is shared), as in the paper."
+    )
+
+    # Data.
+    source_lang: str = _field("en", "Source language code of the Multi30K pair.")
+    target_lang: str = _field("de", "Target language code of the Multi30K pair.")
+    max_length: int = _field(
+        64, "Maximum tokens per sequence incl. START/END; longer training pairs are "
+        "dropped, and it bounds the positional table and decoding length."
+    )
+    tokens_per_batch: int | None = _field(
+        4096, "Token-based batching: about this many (padded) target tokens per "
+        "batch, sentences grouped by length; exclusive with batch_size."
+    )
+    batch_size: int | None = _field(
+        None, "Fixed number of sentence pairs per batch; exclusive with tokens_per_batch."
+    )
+    bucket_boundaries: tuple[int, ...] | None = _field(
+        None, "Sequence-length bucket edges for batching; None lets the data "
+        "pipeline derive them from max_length."
+    )
+    train_subset: int | None = _field(
+        None, "Train on only the first N training pairs (None = all), for fast runs."
+    )
+
+    # Optimization.
+    warmup_steps: int = _field(4000, "Steps of linear learning-rate warmup.")
+    lr_scale: float = _field(
+        1.0, "Multiplier of the paper's rate d_model**-0.5 * min(step**-0.5, "
+        "step * warmup**-1.5)."
+    )
+    label_smoothing: float = _field(
+        0.1, "Probability mass moved from the true token to the other classes."
+    )
+    clipnorm: float | None = _field(None, "Clip each gradient to this norm; None = off.")
+    epochs: int = _field(10, "Number of passes over the (sub)set of training data.")
+    steps_per_epoch: int | None = _field(
+        None, "Batches per epoch; None means one full pass over the data."
+    )
+
+    # Precision.
+    precision: str | None = _field(
+        None, "Keras dtype policy: None (float32), 'mixed_bfloat16' or 'mixed_float16'."
+    )
+
+    # Decoding for validation BLEU.
+    beam_size: int = _field(4, "Beam width for validation translations (1 = greedy).")
+    length_penalty: float = _field(
+        0.6, "Length penalty alpha of beam search (GNMT, as in the paper)."
+    )
+    bleu_sentences: int = _field(
+        200, "Validation sentences translated to compute val_bleu; 0 disables it."
+    )
+    bleu_every_n_epochs: int = _field(1, "Compute val_bleu after every this many epochs.")
+
+    # Reproducibility.
+    seed: int = _field(1234, "Seed of Python, NumPy, TF and Keras initializers and dropout.")
+
+    def __post_init__(self):
+        if self.bucket_boundaries is not None:
+            object.__setattr__(self, "bucket_boundaries", tuple(self.bucket_boundaries))
+        if self.d_model % self.num_heads:
+            raise ValueError(
+                f"`d_model` must be divisible by `num_heads`. Received: "
+                f"d_model={self.d_model}, num_heads={self.num_heads}"
+            )
+        if (self.tokens_per_batch is None) == (self.batch_size is None):
+            raise ValueError(
+                "Set exactly one of `tokens_per_batch` and `batch_size`. Received: "
+                f"tokens_per_batch={self.tokens_per_batch}, batch_size={self.batch_size}"
+            )
+        if self.precision not in PRECISIONS:
+            raise ValueError(
+                f"`precision` must be one of {PRECISIONS}. Received: {self.precision!r}"
+            )
+        if not 0.0 <= self.label_smoothing < 1.0:
+            raise ValueError(
+                f"`label_smoothing` must be in [0, 1). Received: {self.label_smoothing}"
+            )
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"`dropout` must be in [0, 1). Received: {self.dropout}")
+
+    @property
+    def decoder_layers(self):
+        """int, the number of decoder layers (`num_decoder_layers` or `num_layers`)."""
+        return self.num_layers if self.num_decoder_layers is None else self.num_decoder_layers
+
+    def to_dict(self):
+        """Returns the fields as a JSON-serializable dict (tuples become lists)."""
+        values = dataclasses.asdict(self)
+        if values["bucket_boundaries"] is not None:
+            values["bucket_boundaries"] = list(values["bucket_boundaries"])
+        return values
+
+    def replace(self, **overrides):
+        """Returns a copy with `overrides` applied (validated; unknown names raise)."""
+        _check_names(overrides)
+        return dataclasses.replace(self, **overrides)
+
+    def to_file(self, path):
+        """Writes the config as JSON (or YAML if `path` ends with `.yaml`/`.yml`)."""
+        with open(path, "w", encoding="utf-8") as f:
+            if str(path).endswith((".yaml", ".yml")):
+                import yaml
+
+                yaml.safe_dump(self.to_dict(), f, sort_keys=False)
+            else:
+                json.dump(self.to_dict(), f, indent=2)
+
+    @classmethod
+    def from_dict(cls, values):
+        """Builds a config from a dict; a `"preset"` key names the preset it overrides."""
+        values = dict(values)
+        base = values.pop("preset", None)
+        _check_names(values)
+        if base is not None:
+            return get_preset(base).replace(**values)
+        return cls(**values)
+
+    @classmethod
+    def from_file(cls, path):
+        """Reads a config from a JSON or YAML (`.yaml`/`.yml`) file, see `from_dict`."""
+        with open(path, encoding="utf-8") as f:
+            if str(path).endswith((".yaml", ".yml")):
+                import yaml
+
+                values = yaml.safe_load(f) or {}
+            else:
+                values = json.load(f)
+        if not isinstance(values, dict):
+            raise ValueError(f"{os.fspath(path)!r} must hold a mapping of field names.")
+        return cls.from_dict(values)
+
+
+def _check_names(values):
+    known = {f.name for f in dataclasses.fields(TrainingConfig)}
+    unknown = sorted(set(values) - known)
+    if unknown:
+        raise ValueError(
+            f"Unknown TrainingConfig field(s) {unknown}. Valid fields: {sorted(known)}"
+        )
+
+
+PRESETS = {
+    # Unit tests and smoke runs: a few seconds on CPU.
+    "tiny": TrainingConfig(
+        vocab_size=64,
+        d_model=16,
+        num_heads=2,
+        ff_dim=32,
+        num_layers=1,
+        dropout=0.0,
+        max_length=16,
+        tokens_per_batch=None,
+        batch_size=8,
+        train_subset=64,
+        warmup_steps=10,
+        epochs=1,
+        steps_per_epoch=4,
+        beam_size=1,
+        bleu_sentences=8,
+    ),
+    # `make run`: about 6 minutes of training on 2 CPU cores, BLEU well above zero.
+    "quick": TrainingConfig(
+        vocab_size=8000,
+        d_model=128,
+        num_heads=4,
+        ff_dim=512,
+        num_layers=2,
+        dropout=0.1,
+        max_length=64,
+        tokens_per_batch=2048,
+        warmup_steps=400,
+        lr_scale=0.5,
+        label_smoothing=0.1,
+        epochs=3,
+        beam_size=1,
+        bleu_sentences=100,
+    ),
+    # The reference recipe: best BLEU per minute within ~60 minutes on 2 CPU cores.
+    "multi30k": TrainingConfig(
+        vocab_size=8000,
+        d_model=256,
+        num_heads=4,
+        ff_dim=1024,
+        num_layers=3,
+        dropout=0.1,
+        max_length=64,
+        tokens_per_batch=4096,
+        warmup_steps=1000,
+        lr_scale=1.0,
+        label_smoothing=0.1,
+        clipnorm=1.0,
+        epochs=12,
+        beam_size=4,
+        length_penalty=0.6,
+        bleu_sentences=200,
+    ),
+}
+
+
+def get_preset(name):
+    """Returns the `TrainingConfig` preset called `name`.
+
+    Args:
+        name: string, one of `"tiny"`, `"quick"`, `"multi30k"`.
+
+    Returns:
+        A `TrainingConfig`.
+
+    Raises:
+        ValueError: on an unknown name, listing the valid ones.
+
+    Example:
+
+    >>> get_preset("tiny").d_model
+    16
+    """
+    if name not in PRESETS:
+        raise ValueError(
+            f"Unknown preset {name!r}. Valid presets: {', '.join(sorted(PRESETS))}."
+        )
+    return PRESETS[name]

@@ -1,0 +1,106 @@
+"""MaskedSparseCategoricalCrossentropy: exact values, padding invariance, serialization."""
+
+import keras
+import numpy as np
+import pytest
+
+from keras_transformer.training.losses import MaskedSparseCategoricalCrossentropy
+
+VOCAB_SIZE = 7
+
+
+def _batch(seed=0):
+    rng = np.random.default_rng(seed)
+    labels = np.array([[3, 5, 2, 0, 0], [6, 1, 4, 4, 2]], dtype="int32")
+    logits = rng.normal(size=(2, 5, VOCAB_SIZE)).astype("float32")
+    return labels, logits
+
+
+def _reference_loss(labels, logits, smoothing, pad_id=0):
+    """Plain NumPy: smoothed target q (pad gets 0, others share eps/(V-2)), H(q, p)."""
+    shifted = logits - logits.max(-1, keepdims=True)
+    log_probs = shifted - np.log(np.exp(shifted).sum(-1, keepdims=True))
+    total, count = 0.0, 0
+    for b in range(labels.shape[0]):
+        for t in range(labels.shape[1]):
+            if labels[b, t] == pad_id:
+                continue
+            q = np.full(VOCAB_SIZE, smoothing / (VOCAB_SIZE - 2))
+            q[pad_id] = 0.0
+            q[labels[b, t]] = 1.0 - smoothing
+            assert np.isclose(q.sum(), 1.0)
+            total += -(q * log_probs[b, t]).sum()
+            count += 1
+    return total / count
+
+
+@pytest.mark.parametrize("smoothing", [0.0, 0.1, 0.3], ids=["no_smoothing", "0.1", "0.3"])
+def test_matches_numpy_reference(smoothing):
+    labels, logits = _batch()
+    loss = MaskedSparseCategoricalCrossentropy(label_smoothing=smoothing)
+    expected = _reference_loss(labels, logits, smoothing)
+    np.testing.assert_allclose(float(loss(labels, logits)), expected, rtol=1e-5)
+
+
+def test_from_probabilities_equals_from_logits():
+    labels, logits = _batch()
+    probs = keras.ops.softmax(logits, axis=-1)
+    from_probs = MaskedSparseCategoricalCrossentropy(from_logits=False)(labels, probs)
+    from_logits = MaskedSparseCategoricalCrossentropy()(labels, logits)
+    np.testing.assert_allclose(float(from_probs), float(from_logits), rtol=1e-5)
+
+
+def test_logits_at_padding_do_not_matter():
+    labels, logits = _batch()
+    loss = MaskedSparseCategoricalCrossentropy()
+    changed = logits.copy()
+    changed[labels == 0] = 100.0 * np.random.default_rng(1).normal(
+        size=changed[labels == 0].shape
+    )
+    np.testing.assert_allclose(float(loss(labels, changed)), float(loss(labels, logits)), rtol=1e-6)
+
+
+def test_extra_padding_columns_do_not_matter():
+    labels, logits = _batch()
+    loss = MaskedSparseCategoricalCrossentropy()
+    padded_labels = np.pad(labels, ((0, 0), (0, 4)))
+    padded_logits = np.concatenate(
+        [logits, np.random.default_rng(2).normal(size=(2, 4, VOCAB_SIZE)).astype("float32")],
+        axis=1,
+    )
+    np.testing.assert_allclose(
+        float(loss(padded_labels, padded_logits)), float(loss(labels, logits)), rtol=1e-6
+    )
+
+
+def test_is_a_token_mean_not_a_sentence_mean():
+    """Row 0 has 3 tokens, row 1 has 5: the batch value weights each token equally."""
+    labels, logits = _batch()
+    loss = MaskedSparseCategoricalCrossentropy()
+    row0, row1 = float(loss(labels[:1], logits[:1])), float(loss(labels[1:], logits[1:]))
+    np.testing.assert_allclose(float(loss(labels, logits)), (3 * row0 + 5 * row1) / 8, rtol=1e-5)
+
+
+def test_all_padding_gives_zero_not_nan():
+    labels = np.zeros((2, 3), "int32")
+    logits = np.ones((2, 3, VOCAB_SIZE), "float32")
+    assert float(MaskedSparseCategoricalCrossentropy()(labels, logits)) == 0.0
+
+
+def test_bfloat16_logits_give_float32_loss():
+    labels, logits = _batch()
+    value = MaskedSparseCategoricalCrossentropy()(labels, keras.ops.cast(logits, "bfloat16"))
+    assert keras.backend.standardize_dtype(value.dtype) == "float32"
+    np.testing.assert_allclose(float(value), _reference_loss(labels, logits, 0.1), rtol=2e-2)
+
+
+def test_serialization_round_trip():
+    loss = MaskedSparseCategoricalCrossentropy(label_smoothing=0.2, pad_id=1, from_logits=False)
+    restored = keras.losses.deserialize(keras.losses.serialize(loss))
+    assert isinstance(restored, MaskedSparseCategoricalCrossentropy)
+    assert restored.get_config() == loss.get_config()
+
+
+def test_invalid_smoothing_raises():
+    with pytest.raises(ValueError, match="label_smoothing"):
+        MaskedSparseCategoricalCrossentropy(label_smoothing=1.0)

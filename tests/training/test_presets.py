@@ -1,0 +1,65 @@
+"""TrainingConfig: documented fields, presets, validation, files and overrides."""
+
+import dataclasses
+import json
+
+import pytest
+
+from keras_transformer.training.presets import PRESETS, TrainingConfig, get_preset
+
+
+def test_every_field_is_documented():
+    for field in dataclasses.fields(TrainingConfig):
+        help_text = field.metadata.get("help", "")
+        assert len(help_text) > 15, f"field {field.name!r} has no help text"
+
+
+@pytest.mark.parametrize("name", sorted(PRESETS))
+def test_presets_are_valid_and_json_serializable(name):
+    config = get_preset(name)
+    assert isinstance(config, TrainingConfig)
+    assert TrainingConfig.from_dict(json.loads(json.dumps(config.to_dict()))) == config
+
+
+def test_quick_and_reference_presets_share_a_vocabulary():
+    for name in ("quick", "multi30k"):
+        config = get_preset(name)
+        assert config.shared_vocabulary and config.tie_embeddings
+        assert 8000 <= config.vocab_size <= 10000
+
+
+def test_unknown_preset_lists_valid_names():
+    with pytest.raises(ValueError, match="'huge'.*multi30k, quick, tiny"):
+        get_preset("huge")
+
+
+def test_replace_overrides_and_validates():
+    config = get_preset("tiny").replace(epochs=3, bucket_boundaries=[4, 8])
+    assert config.epochs == 3 and config.bucket_boundaries == (4, 8)
+    assert get_preset("tiny").epochs == 1
+    with pytest.raises(ValueError, match="Unknown TrainingConfig field"):
+        config.replace(learning_rate=1.0)
+    with pytest.raises(ValueError, match="divisible"):
+        config.replace(num_heads=3)
+    with pytest.raises(ValueError, match="precision"):
+        config.replace(precision="float16")
+    with pytest.raises(ValueError, match="exactly one"):
+        config.replace(tokens_per_batch=512)
+
+
+@pytest.mark.parametrize("suffix", [".json", ".yaml"])
+def test_file_round_trip(tmp_path, suffix):
+    config = get_preset("quick").replace(precision="mixed_bfloat16", bucket_boundaries=(8, 16))
+    path = tmp_path / f"config{suffix}"
+    config.to_file(path)
+    assert TrainingConfig.from_file(path) == config
+
+
+def test_from_file_with_preset_and_overrides(tmp_path):
+    path = tmp_path / "run.yaml"
+    path.write_text("preset: multi30k\nepochs: 2\nseed: 7\n")
+    config = TrainingConfig.from_file(path)
+    assert config == get_preset("multi30k").replace(epochs=2, seed=7)
+    path.write_text('{"preset": "quick", "d_modle": 4}')
+    with pytest.raises(ValueError, match="d_modle"):
+        TrainingConfig.from_file(path)

@@ -1,0 +1,51 @@
+"""TransformerSchedule follows the paper's formula and serializes; make_optimizer uses it."""
+
+import keras
+import numpy as np
+import pytest
+
+from keras_transformer.training.optimizers import make_optimizer
+from keras_transformer.training.schedules import TransformerSchedule
+
+
+def _paper_rate(step, d_model, warmup, scale=1.0):
+    return scale * d_model**-0.5 * min(step**-0.5, step * warmup**-1.5)
+
+
+@pytest.mark.parametrize("iterations", [0, 1, 99, 3999, 4000, 10_000, 99_999])
+def test_matches_formula_with_steps_counted_from_one(iterations):
+    schedule = TransformerSchedule(d_model=512, warmup_steps=4000, scale=2.0)
+    expected = _paper_rate(iterations + 1, 512, 4000, scale=2.0)
+    np.testing.assert_allclose(float(schedule(iterations)), expected, rtol=1e-5)
+
+
+def test_peaks_at_warmup_end():
+    schedule = TransformerSchedule(d_model=256, warmup_steps=100)
+    rates = [float(schedule(i)) for i in range(300)]
+    assert int(np.argmax(rates)) == 99  # paper step 100
+    np.testing.assert_allclose(max(rates), (256 * 100) ** -0.5, rtol=1e-5)
+    assert rates[0] > 0.0
+
+
+def test_config_round_trip():
+    schedule = TransformerSchedule(d_model=128, warmup_steps=300, scale=0.5)
+    for restored in (
+        TransformerSchedule.from_config(schedule.get_config()),
+        keras.optimizers.schedules.deserialize(keras.optimizers.schedules.serialize(schedule)),
+    ):
+        assert isinstance(restored, TransformerSchedule)
+        assert restored.get_config() == schedule.get_config()
+        np.testing.assert_allclose(float(restored(50)), float(schedule(50)))
+
+
+def test_make_optimizer_is_paper_adam_with_schedule():
+    optimizer = make_optimizer(d_model=64, warmup_steps=10, scale=0.5, clipnorm=1.0)
+    assert isinstance(optimizer, keras.optimizers.Adam)
+    schedule = keras.optimizers.schedules.deserialize(optimizer.get_config()["learning_rate"])
+    assert schedule.get_config() == {"d_model": 64, "warmup_steps": 10, "scale": 0.5}
+    assert (optimizer.beta_1, optimizer.beta_2, optimizer.epsilon) == (0.9, 0.98, 1e-9)
+    assert optimizer.clipnorm == 1.0
+    restored = keras.optimizers.deserialize(keras.optimizers.serialize(optimizer))
+    np.testing.assert_allclose(
+        float(restored.learning_rate), _paper_rate(1, 64, 10, scale=0.5), rtol=1e-5
+    )

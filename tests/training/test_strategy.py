@@ -1,0 +1,76 @@
+"""select_strategy: names, errors and TF_CONFIG parsing (no cluster is ever started)."""
+
+import json
+
+import pytest
+import tensorflow as tf
+
+from keras_transformer.training import strategy as strategy_module
+from keras_transformer.training.strategy import num_workers_from_tf_config, select_strategy
+
+
+def _tf_config(num_workers, chief=False):
+    cluster = {"worker": [f"host{i}:2222" for i in range(num_workers)]}
+    if chief:
+        cluster["chief"] = ["chief:2222"]
+    return json.dumps({"cluster": cluster, "task": {"type": "worker", "index": 0}})
+
+
+class _FakeMultiWorker:
+    """Stands in for MultiWorkerMirroredStrategy, which would try to reach the cluster."""
+
+    num_replicas_in_sync = 4
+
+
+@pytest.fixture
+def fake_multi_worker(monkeypatch):
+    monkeypatch.setattr(
+        strategy_module.tf.distribute, "MultiWorkerMirroredStrategy", _FakeMultiWorker
+    )
+
+
+def test_default_strategy(monkeypatch):
+    monkeypatch.delenv("TF_CONFIG", raising=False)
+    assert select_strategy("default") is tf.distribute.get_strategy()
+
+
+def test_auto_without_cluster_or_gpus_is_default(monkeypatch):
+    monkeypatch.setenv("TF_CONFIG", _tf_config(1))
+    chosen = select_strategy("auto")
+    assert chosen is tf.distribute.get_strategy()
+    assert chosen.num_replicas_in_sync == 1
+
+
+def test_auto_with_multi_worker_tf_config(monkeypatch, fake_multi_worker):
+    monkeypatch.setenv("TF_CONFIG", _tf_config(1, chief=True))
+    assert isinstance(select_strategy("auto"), _FakeMultiWorker)
+
+
+def test_multi_worker_by_name(fake_multi_worker):
+    assert isinstance(select_strategy("multi_worker"), _FakeMultiWorker)
+
+
+def test_mirrored_over_given_devices():
+    chosen = select_strategy("mirrored", devices=["/cpu:0"])
+    assert isinstance(chosen, tf.distribute.MirroredStrategy)
+    assert chosen.num_replicas_in_sync == 1
+
+
+@pytest.mark.parametrize(
+    "tf_config, expected",
+    [("", 0), ("{}", 0), (_tf_config(3), 3), (_tf_config(2, chief=True), 3)],
+    ids=["unset", "no_cluster", "three_workers", "chief_and_two_workers"],
+)
+def test_num_workers_from_tf_config(tf_config, expected):
+    assert num_workers_from_tf_config(tf_config) == expected
+
+
+def test_invalid_tf_config_raises(monkeypatch):
+    monkeypatch.setenv("TF_CONFIG", "{not json")
+    with pytest.raises(ValueError, match="TF_CONFIG"):
+        select_strategy("auto")
+
+
+def test_unknown_name_raises_listing_valid_names():
+    with pytest.raises(ValueError, match="'tpu'.*auto, default, mirrored, multi_worker"):
+        select_strategy("tpu")
