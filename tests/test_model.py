@@ -1,0 +1,189 @@
+import keras
+import numpy as np
+import pytest
+from keras import ops
+
+from keras_transformer import TransformerParts, build_transformer
+from keras_transformer.model import closed_form_parameter_count
+
+TINY = dict(vocab_size=50, d_model=16, num_heads=2, ff_dim=32, num_layers=2, dropout=0.0)
+NORMS = pytest.mark.parametrize("norm_first", [False, True], ids=["post_norm", "pre_norm"])
+
+
+def _np(x):
+    return keras.ops.convert_to_numpy(x)
+
+
+def _batch():
+    return {
+        "encoder_tokens": np.array([[5, 6, 7, 8, 2], [9, 10, 2, 0, 0]], "int32"),
+        "decoder_tokens": np.array([[1, 11, 12, 13], [1, 14, 0, 0]], "int32"),
+    }
+
+
+def test_readme_example_builds_and_counts():
+    model = build_transformer(vocab_size=1000, d_model=64, num_heads=4, ff_dim=128, num_layers=2)
+    assert model.count_params() == closed_form_parameter_count(1000, 64, 128, 2) == 231424
+
+
+@pytest.mark.slow
+def test_base_configuration_matches_closed_form_count():
+    model = build_transformer(vocab_size=37000)  # 6+6 layers, 512, 8 heads, ff 2048, tied
+    expected = 37000 * 512 + 6 * (4 * (512 * 512 + 512) + 2 * 512 * 2048 + 2048 + 512 + 4 * 512)
+    expected += 6 * (8 * (512 * 512 + 512) + 2 * 512 * 2048 + 2048 + 512 + 6 * 512)
+    assert model.count_params() == expected == closed_form_parameter_count(37000, 512, 2048, 6)
+    assert 63.0e6 < expected < 63.2e6
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        dict(tie_embeddings=False),
+        dict(target_vocab_size=40),
+        dict(target_vocab_size=40, tie_embeddings=False),
+        dict(norm_first=True),
+        dict(num_decoder_layers=3),
+    ],
+    ids=["untied", "separate_vocab_tied", "separate_vocab_untied", "pre_norm", "deeper_decoder"],
+)
+def test_parameter_count_matches_closed_form_for_variants(kwargs):
+    config = {**TINY, **kwargs}
+    model = build_transformer(**config)
+    expected = closed_form_parameter_count(
+        config["vocab_size"], config["d_model"], config["ff_dim"], config["num_layers"],
+        num_decoder_layers=config.get("num_decoder_layers"),
+        target_vocab_size=config.get("target_vocab_size"),
+        tie_embeddings=config.get("tie_embeddings", True),
+        norm_first=config.get("norm_first", False),
+    )
+    assert model.count_params() == expected
+
+
+def test_tied_embedding_is_one_matrix():
+    model = build_transformer(**TINY)
+    embeddings = [w for w in model.weights if "embeddings" in w.path]
+    assert len(embeddings) == 1
+    separate = build_transformer(**TINY, target_vocab_size=40)
+    names = sorted(w.path for w in separate.weights if "embeddings" in w.path)
+    assert names == ["source_embedding/embeddings", "target_embedding/embeddings"]
+    logits = _np(separate(_batch()))
+    assert logits.shape == (2, 4, 40)
+
+
+def test_logits_use_the_embedding_matrix():
+    model = build_transformer(**TINY)
+    parts = TransformerParts(model)
+    batch = _batch()
+    memory, memory_mask = parts.encode(batch["encoder_tokens"])
+    hidden = parts.decoder(parts.target_embedding(batch["decoder_tokens"]), memory,
+                           encoder_padding_mask=memory_mask)
+    expected = _np(hidden) @ _np(parts.target_embedding.embeddings).T
+    np.testing.assert_allclose(_np(model(batch)), expected, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(d_model=30, num_heads=4), r"d_model=30.*num_heads=4"),
+        (dict(d_model=15, num_heads=3), r"d_model=15"),
+        (dict(vocab_size=0), r"vocab_size=0"),
+        (dict(num_layers=-1), r"num_layers=-1"),
+        (dict(ff_dim=0), r"ff_dim=0"),
+        (dict(dropout=1.0), r"dropout=1.0"),
+    ],
+)
+def test_invalid_settings_raise_value_error_naming_values(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        build_transformer(**{**TINY, **kwargs})
+
+
+@NORMS
+def test_changing_a_future_target_token_leaves_earlier_logits_unchanged(norm_first):
+    model = build_transformer(**TINY, norm_first=norm_first)
+    batch = _batch()
+    before = _np(model(batch))
+    changed = dict(batch, decoder_tokens=batch["decoder_tokens"].copy())
+    changed["decoder_tokens"][0, 2] = 30
+    after = _np(model(changed))
+    np.testing.assert_allclose(before[0, :2], after[0, :2], rtol=1e-5, atol=1e-5)
+    assert not np.allclose(before[0, 2:], after[0, 2:])
+
+
+@NORMS
+def test_extra_padding_leaves_logits_at_real_positions_unchanged(norm_first):
+    model = build_transformer(**TINY, norm_first=norm_first)
+    batch = _batch()
+    reference = _np(model(batch))
+    padded = {
+        "encoder_tokens": np.pad(batch["encoder_tokens"], ((0, 0), (0, 3))),
+        "decoder_tokens": np.pad(batch["decoder_tokens"], ((0, 0), (0, 2))),
+    }
+    out = _np(model(padded))
+    np.testing.assert_allclose(out[0, :4], reference[0, :4], rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(out[1, :2], reference[1, :2], rtol=1e-4, atol=1e-4)
+
+
+@NORMS
+def test_keras_file_reloads_with_safe_mode_and_identical_outputs(tmp_path, norm_first):
+    model = build_transformer(**TINY, norm_first=norm_first, learned_positions=norm_first)
+    path = tmp_path / "model.keras"
+    model.save(path)
+    loaded = keras.saving.load_model(path, safe_mode=True)
+    np.testing.assert_array_equal(_np(loaded(_batch())), _np(model(_batch())))
+    assert loaded.count_params() == model.count_params()
+
+
+@pytest.mark.slow
+def test_tiny_model_overfits_a_small_batch():
+    model = build_transformer(vocab_size=30, d_model=32, num_heads=2, ff_dim=64, num_layers=1,
+                              dropout=0.0)
+    rng = np.random.default_rng(0)
+    targets = rng.integers(3, 30, size=(8, 6)).astype("int32")
+    inputs = {
+        "encoder_tokens": rng.integers(3, 30, size=(8, 7)).astype("int32"),
+        "decoder_tokens": np.concatenate([np.ones((8, 1), "int32"), targets[:, :-1]], 1),
+    }
+    model.compile(
+        optimizer=keras.optimizers.Adam(3e-3),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True, ignore_class=0),
+    )
+    history = model.fit(inputs, targets, epochs=150, batch_size=8, verbose=0)
+    losses = history.history["loss"]
+    assert losses[-1] < losses[0] / 20, (losses[0], losses[-1])
+    predictions = _np(model(inputs)).argmax(-1)
+    assert (predictions == targets).mean() > 0.95
+
+
+@pytest.mark.slow
+def test_mixed_bfloat16_runs_without_nan_including_an_all_padding_row():
+    keras.config.set_dtype_policy("mixed_bfloat16")
+    model = build_transformer(**TINY)
+    batch = _batch()
+    batch["encoder_tokens"][1] = 0  # a source that is all padding
+    logits = model(batch)
+    assert logits.dtype == "float32"
+    assert np.all(np.isfinite(_np(logits)))
+    model.compile(optimizer="adam", loss=keras.losses.SparseCategoricalCrossentropy(
+        from_logits=True, ignore_class=0))
+    labels = np.array([[11, 12, 13, 2], [14, 2, 0, 0]], "int32")
+    loss = model.train_on_batch(batch, labels)
+    assert np.isfinite(loss)
+    assert model.get_layer("encoder").compute_dtype == "bfloat16"
+
+
+@NORMS
+def test_cached_next_logits_equal_the_full_forward_pass(norm_first):
+    model = build_transformer(**TINY, norm_first=norm_first)
+    parts = TransformerParts(model)
+    batch = _batch()
+    full = _np(model(batch))
+    memory, memory_mask = parts.encode(batch["encoder_tokens"])
+    cache = parts.initial_cache(memory, memory_mask, max_length=6)
+    for index in range(4):
+        tokens = batch["decoder_tokens"][:, index:index + 1]
+        logits, cache = parts.next_logits(tokens, cache, index)
+        # Row 1 has padding from position 2 on; only real positions must agree.
+        rows = [0, 1] if index < 2 else [0]
+        np.testing.assert_allclose(_np(logits)[rows], full[rows, index], rtol=1e-4, atol=1e-4)
+    uncached = _np(parts.full_logits(batch["decoder_tokens"], memory, memory_mask))
+    np.testing.assert_allclose(uncached, full, rtol=1e-5, atol=1e-5)
