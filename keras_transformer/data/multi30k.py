@@ -1,0 +1,260 @@
+"""TFDS builder for Multi30K task 1 (English-German image descriptions).
+
+Where there is internet the raw files are downloaded from the `multi30k/dataset`
+repository and verified against `checksums.tsv` (next to this file). Where there is none
+they are read from a local copy of the same unmodified `.gz` files, found in this order:
+
+1. an explicit directory (`load_multi30k(local_dir=...)`, `Multi30k(local_dir=...)`);
+2. the TFDS manual directory (`tfds.download.DownloadConfig(manual_dir=...)`, by default
+   `<data_dir>/downloads/manual`), if it holds the files;
+3. the environment variable `KERAS_TRANSFORMER_MULTI30K_DIR`;
+4. `shared/data/multi30k` in the repository root, the current working directory or any
+   of their parents (so `../shared/data/multi30k` next to a checkout is found).
+
+A local copy is always preferred to the network. With neither, preparation fails with one
+`Multi30kNotFoundError` that says how to provide the files.
+"""
+
+import gzip
+import os
+import pathlib
+import socket
+
+import tensorflow_datasets as tfds
+from etils import epath
+
+# Where the raw files are served from: `<_BASE_URL><stem>.<lang>.gz`.
+_BASE_URL = "https://raw.githubusercontent.com/multi30k/dataset/master/data/task1/raw/"
+# Host probed before downloading: a quick connect tells "offline" from a slow download.
+_DOWNLOAD_HOST = ("raw.githubusercontent.com", 443)
+# Seconds the probe waits; the network of an offline machine may hang instead of failing.
+_PROBE_TIMEOUT = 5.0
+# The environment variable naming a local copy of the raw files.
+ENV_VAR = "KERAS_TRANSFORMER_MULTI30K_DIR"
+# Relative location of the shared copy, searched upwards from the repository and the cwd.
+_SHARED_RELATIVE_PATH = pathlib.Path("shared", "data", "multi30k")
+# TFDS split name -> file stem of the raw files.
+SPLIT_FILES = {"train": "train", "validation": "val", "test_2016": "test_2016_flickr"}
+# Other names accepted by `load_multi30k` for the same splits.
+_SPLIT_ALIASES = {"val": "validation", "valid": "validation", "test": "test_2016"}
+# The languages of task 1 (the raw files hold English-German only).
+LANGUAGES = ("en", "de")
+
+_CITATION = """\
+@inproceedings{elliott-etal-2016-multi30k,
+  title = {Multi30K: Multilingual English-German Image Descriptions},
+  author = {Elliott, Desmond and Frank, Stella and Sima'an, Khalil and Specia, Lucia},
+  booktitle = {Proceedings of the 5th Workshop on Vision and Language},
+  year = {2016},
+  pages = {70--74},
+}
+"""
+
+_INSTRUCTIONS = f"""\
+Multi30K task 1 raw files were not found and could not be downloaded.
+Provide the six unmodified files {{train,val,test_2016_flickr}}.{{en,de}}.gz (the
+data/task1/raw/ folder of https://github.com/multi30k/dataset) in a directory, then any
+one of:
+  * set the environment variable {ENV_VAR}=/path/to/dir;
+  * pass it explicitly: load_multi30k(split, local_dir="/path/to/dir") (or the trainer's
+    data directory option, or Multi30k(local_dir=...));
+  * use it as the TFDS manual directory: download_and_prepare(download_config=
+    tfds.download.DownloadConfig(manual_dir="/path/to/dir")), or copy the files into
+    <data_dir>/downloads/manual/;
+  * put it at shared/data/multi30k next to the repository (../shared/data/multi30k).
+"""
+
+
+class Multi30kNotFoundError(FileNotFoundError):
+    """No local copy of Multi30K was found and the files could not be downloaded."""
+
+
+def _file_names(languages=LANGUAGES):
+    return [f"{stem}.{lang}.gz" for stem in SPLIT_FILES.values() for lang in languages]
+
+
+def _holds_files(directory):
+    directory = pathlib.Path(directory)
+    return all((directory / name).is_file() for name in _file_names())
+
+
+def _search_roots():
+    """Repository root and cwd, each with all its parents, without duplicates."""
+    repository_root = pathlib.Path(__file__).resolve().parents[2]
+    roots = []
+    for start in (repository_root, pathlib.Path.cwd().resolve()):
+        for directory in (start, *start.parents):
+            if directory not in roots:
+                roots.append(directory)
+    return roots
+
+
+def find_local_multi30k(explicit=None):
+    """Finds a local directory holding the six Multi30K task 1 raw files.
+
+    Args:
+        explicit: str or path-like, a directory to use. It must hold the files: asking
+            for a directory and silently falling back to another would hide a mistake.
+            Defaults to `None` (use `KERAS_TRANSFORMER_MULTI30K_DIR`, then search
+            `shared/data/multi30k` upwards from the repository root and the cwd).
+
+    Returns:
+        The `pathlib.Path` of the directory, or `None` when no copy was found.
+
+    Raises:
+        Multi30kNotFoundError: `explicit` or the environment variable names a directory
+            without the files.
+
+    Example:
+
+    >>> find_local_multi30k()  # e.g. PosixPath('/work/shared/data/multi30k')
+    """
+    for given, origin in ((explicit, "the given directory"), (os.environ.get(ENV_VAR), ENV_VAR)):
+        if given:
+            if not _holds_files(given):
+                missing = [n for n in _file_names() if not (pathlib.Path(given) / n).is_file()]
+                raise Multi30kNotFoundError(
+                    f"{origin} {given} lacks Multi30K files {missing}.\n{_INSTRUCTIONS}"
+                )
+            return pathlib.Path(given).resolve()
+    for root in _search_roots():
+        candidate = root / _SHARED_RELATIVE_PATH
+        if _holds_files(candidate):
+            return candidate
+    return None
+
+
+def _network_available():
+    """True if the download host accepts a TCP connection within `_PROBE_TIMEOUT` s."""
+    try:
+        with socket.create_connection(_DOWNLOAD_HOST, timeout=_PROBE_TIMEOUT):
+            return True
+    except OSError:
+        return False
+
+
+class Multi30k(tfds.core.GeneratorBasedBuilder):
+    """Multi30K task 1: 31K English-German image description pairs.
+
+    Splits `train` (29,000 pairs), `validation` (1,014) and `test_2016` (1,000, the
+    Flickr 2016 test set); features `{"en": Text, "de": Text}`, line i of one language
+    translating line i of the other. See the module docstring for where the files come
+    from.
+
+    Args:
+        local_dir: str or path-like, directory with the raw `.gz` files, used instead
+            of the search and the download. Defaults to `None`.
+        **kwargs: `tfds.core.GeneratorBasedBuilder` arguments (`data_dir`, `config`).
+
+    Example:
+
+    >>> builder = Multi30k(config="en-de", data_dir="/tmp/tfds")
+    >>> builder.download_and_prepare()
+    >>> ds = builder.as_dataset(split="validation")
+    """
+
+    VERSION = tfds.core.Version("1.0.0")
+    RELEASE_NOTES = {"1.0.0": "Task 1 raw files, En-De, splits train/validation/test_2016."}
+    BUILDER_CONFIGS = [
+        tfds.core.BuilderConfig(
+            name="en-de",
+            description="English-German sentence pairs (task 1 raw, cased, untokenized).",
+        )
+    ]
+    DEFAULT_CONFIG_NAME = "en-de"
+    MANUAL_DOWNLOAD_INSTRUCTIONS = _INSTRUCTIONS
+
+    @tfds.core.utils.classproperty
+    @classmethod
+    def code_path(cls):
+        # TFDS finds `checksums.tsv` next to `code_path`. Its own lookup goes through
+        # `importlib_resources`, which some installs lack; this file is the answer anyway.
+        return epath.Path(__file__)
+
+    def __init__(self, *, local_dir=None, **kwargs):
+        self._local_dir = local_dir
+        super().__init__(**kwargs)
+
+    def _info(self):
+        return self.dataset_info_from_configs(
+            features=tfds.features.FeaturesDict(
+                {lang: tfds.features.Text() for lang in LANGUAGES}
+            ),
+            supervised_keys=LANGUAGES,
+            homepage="https://github.com/multi30k/dataset",
+            citation=_CITATION,
+            # Keep file order: line i of the test set stays aligned with published
+            # references and outputs, and `as_dataset` reads the corpus as distributed.
+            disable_shuffling=True,
+        )
+
+    def _local_copy(self, dl_manager):
+        if self._local_dir:
+            return find_local_multi30k(self._local_dir)
+        try:
+            manual_dir = dl_manager.manual_dir
+        except (AssertionError, ValueError):  # TFDS: no or empty manual directory
+            manual_dir = None
+        if manual_dir is not None and _holds_files(manual_dir):
+            return pathlib.Path(manual_dir)
+        return find_local_multi30k()
+
+    def _split_generators(self, dl_manager):
+        local = self._local_copy(dl_manager)
+        if local is not None:
+            paths = {name: local / name for name in _file_names()}
+        else:
+            if not _network_available():
+                raise Multi30kNotFoundError(_INSTRUCTIONS)
+            try:
+                paths = dl_manager.download({name: _BASE_URL + name for name in _file_names()})
+            except Exception as error:  # a failed download is the same user problem
+                raise Multi30kNotFoundError(f"{_INSTRUCTIONS}Download error: {error}") from error
+        return {
+            split: self._generate_examples(
+                {lang: paths[f"{stem}.{lang}.gz"] for lang in LANGUAGES}
+            )
+            for split, stem in SPLIT_FILES.items()
+        }
+
+    def _generate_examples(self, paths):
+        lines = {}
+        for lang, path in paths.items():
+            with gzip.open(os.fspath(path), "rt", encoding="utf-8") as f:
+                lines[lang] = [line.rstrip("\r\n") for line in f]
+        counts = {lang: len(v) for lang, v in lines.items()}
+        if len(set(counts.values())) != 1:
+            raise ValueError(f"Multi30K files are not parallel: line counts {counts}.")
+        for index, texts in enumerate(zip(*(lines[lang] for lang in LANGUAGES))):
+            yield index, dict(zip(LANGUAGES, texts))
+
+
+def load_multi30k(split, data_dir=None, local_dir=None):
+    """Prepares Multi30K (once) and returns one split as a `tf.data.Dataset`.
+
+    Args:
+        split: str, `"train"`, `"validation"` (or `"val"`) or `"test_2016"` (or
+            `"test"`); TFDS slicing such as `"train[:1000]"` works.
+        data_dir: str or path-like, where TFDS writes the prepared dataset. Defaults to
+            `None` (TFDS' default, `~/tensorflow_datasets` or `$TFDS_DATA_DIR`).
+        local_dir: str or path-like, directory with the raw `.gz` files. Defaults to
+            `None` (manual dir, environment variable, shared copy, then download).
+
+    Returns:
+        A `tf.data.Dataset` of `{"en": tf.string, "de": tf.string}` scalars, in file
+        order.
+
+    Example:
+
+    >>> ds = load_multi30k("validation")
+    >>> next(iter(ds))["de"]  # b'Eine Gruppe von M\\xc3\\xa4nnern l\\xc3\\xa4dt ...'
+    """
+    name, bracket, rest = split.partition("[")
+    split = _SPLIT_ALIASES.get(name, name) + bracket + rest
+    builder = Multi30k(
+        config="en-de",
+        data_dir=os.fspath(data_dir) if data_dir is not None else None,
+        local_dir=local_dir,
+    )
+    builder.download_and_prepare()
+    return builder.as_dataset(split=split, shuffle_files=False)
