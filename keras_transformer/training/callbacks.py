@@ -1,5 +1,6 @@
 """Callbacks of a training run: TensorBoard, checkpoints, fault tolerance, validation BLEU."""
 
+import importlib.util
 import json
 import logging
 import os
@@ -140,6 +141,7 @@ def make_callbacks(
     save_weights_only=False,
     tensorboard_update_freq="epoch",
     backup_save_freq="epoch",
+    tensorboard=None,
 ):
     """The standard callbacks of a run, in the order `fit` must see them.
 
@@ -148,7 +150,8 @@ def make_callbacks(
       `<output_dir>/checkpoints/last.keras` (or `last.weights.h5`), plus, if
       `best_monitor` is set (e.g. `"val_loss"` or `"val_bleu"`), the best one to
       `checkpoints/best.keras`;
-    - `TensorBoard` writing under `<output_dir>/logs`;
+    - `TensorBoard` writing under `<output_dir>/logs` (when the `tensorboard` package is
+      installed: TensorFlow 2.21 no longer depends on it);
     - `BackupAndRestore` under `<output_dir>/backup`, last, so it backs up an epoch only
       after everything else has handled it. Rerunning the same `fit` call after the
       process was killed restores the weights, the optimizer state (step count, Adam
@@ -170,6 +173,9 @@ def make_callbacks(
             writes. Defaults to `"epoch"`.
         backup_save_freq: `"epoch"` or int (batches), how often to back up.
             Defaults to `"epoch"`.
+        tensorboard: bool or `None`, add the `TensorBoard` callback; `None` adds it if
+            the `tensorboard` package is installed (and logs a warning if not); `True`
+            raises if it is missing. Defaults to `None`.
 
     Returns:
         A list of `keras.callbacks.Callback`.
@@ -201,13 +207,19 @@ def make_callbacks(
                 save_weights_only=save_weights_only,
             )
         )
-    callbacks.append(
-        keras.callbacks.TensorBoard(
-            log_dir=os.path.join(output_dir, "logs"),
-            update_freq=tensorboard_update_freq,
-            profile_batch=0,
+    tensorboard_installed = importlib.util.find_spec("tensorboard") is not None
+    if tensorboard and not tensorboard_installed:
+        raise ValueError("`tensorboard=True` but the `tensorboard` package is not installed.")
+    if tensorboard is None and not tensorboard_installed:
+        logger.warning("The `tensorboard` package is not installed: no TensorBoard logs.")
+    if tensorboard_installed and tensorboard is not False:
+        callbacks.append(
+            keras.callbacks.TensorBoard(
+                log_dir=os.path.join(output_dir, "logs"),
+                update_freq=tensorboard_update_freq,
+                profile_batch=0,
+            )
         )
-    )
     callbacks.append(
         keras.callbacks.BackupAndRestore(
             os.path.join(output_dir, "backup"), save_freq=backup_save_freq

@@ -1,0 +1,128 @@
+"""BleuCallback and make_callbacks, with a fake translation function and the stand-in model."""
+
+import importlib.util
+import json
+import os
+
+import keras
+import numpy as np
+import pytest
+
+from keras_transformer.training.callbacks import BleuCallback, make_callbacks
+from keras_transformer.training.losses import MaskedSparseCategoricalCrossentropy
+from tests.training.stand_in import build_stand_in_model
+
+SOURCES = ["ein hund läuft .", "zwei männer sitzen .", "eine frau singt ."]
+REFERENCES = ["a dog runs .", "two men are sitting .", "a woman sings ."]
+
+
+class ScriptedTranslator:
+    """Fake `translate_fn`: epoch k returns the k-th scripted list of translations."""
+
+    def __init__(self, outputs_per_call):
+        self.outputs_per_call = list(outputs_per_call)
+        self.calls = []
+
+    def __call__(self, sources):
+        self.calls.append(list(sources))
+        return self.outputs_per_call[len(self.calls) - 1]
+
+
+def _tiny_fit(callbacks, epochs):
+    keras.utils.set_random_seed(0)
+    model = build_stand_in_model()
+    model.compile(optimizer="sgd", loss=MaskedSparseCategoricalCrossentropy())
+    rng = np.random.default_rng(0)
+    x = {
+        "encoder_tokens": rng.integers(1, 11, (4, 3)).astype("int32"),
+        "decoder_tokens": rng.integers(1, 11, (4, 3)).astype("int32"),
+    }
+    y = rng.integers(0, 11, (4, 3)).astype("int32")
+    history = model.fit(x, y, epochs=epochs, batch_size=4, verbose=0, callbacks=callbacks)
+    return model, history
+
+
+def test_logs_val_bleu_and_saves_best_only_on_improvement(tmp_path, monkeypatch):
+    best_path = str(tmp_path / "best.keras")
+    bad = ["a cat .", "one man .", "a man ."]
+    good = ["a dog runs .", "two men are sitting .", "a woman sings ."]
+    translator = ScriptedTranslator([bad, good, bad])
+    callback = BleuCallback(translator, SOURCES, REFERENCES, best_path=best_path)
+    saved_epochs = []
+    original_save = keras.Model.save
+
+    def recording_save(model, path, *args, **kwargs):
+        saved_epochs.append(len(translator.calls))
+        return original_save(model, path, *args, **kwargs)
+
+    monkeypatch.setattr(keras.Model, "save", recording_save)
+    _, history = _tiny_fit([callback], epochs=3)
+
+    bleu = history.history["val_bleu"]
+    assert bleu[1] == pytest.approx(100.0)
+    assert bleu[0] < 100.0 and bleu[2] == pytest.approx(bleu[0])
+    assert saved_epochs == [1, 2]  # epoch 3 did not improve on epoch 2
+    assert callback.best_bleu == pytest.approx(100.0)
+    with open(best_path + ".json") as f:
+        assert json.load(f) == {"val_bleu": pytest.approx(100.0), "epoch": 2}
+    keras.saving.load_model(best_path)  # a loadable .keras file
+
+
+def test_every_n_epochs_and_batching(tmp_path):
+    translator = ScriptedTranslator([["a dog runs ."], ["x ."], ["y ."]] * 2)
+    callback = BleuCallback(
+        translator, SOURCES, REFERENCES, every_n_epochs=2, batch_size=1,
+        best_path=str(tmp_path / "best.weights.h5"),
+    )
+    _, history = _tiny_fit([callback], epochs=2)
+    assert len(history.history["val_bleu"]) == 1  # only logged on epoch 2
+    assert translator.calls == [[s] for s in SOURCES]
+    assert os.path.exists(tmp_path / "best.weights.h5")
+
+
+def test_resumed_run_keeps_earlier_best(tmp_path):
+    best_path = str(tmp_path / "best.keras")
+    with open(best_path + ".json", "w") as f:
+        json.dump({"val_bleu": 50.0, "epoch": 1}, f)
+    callback = BleuCallback(ScriptedTranslator([["x ."] * 3]), SOURCES, REFERENCES, best_path=best_path)
+    _tiny_fit([callback], epochs=1)
+    assert callback.best_bleu == 50.0 and not os.path.exists(best_path)
+
+
+def test_invalid_arguments_raise():
+    with pytest.raises(ValueError, match="same length"):
+        BleuCallback(lambda s: s, ["a"], [], best_path=None)
+    with pytest.raises(ValueError, match="best_path"):
+        BleuCallback(lambda s: s, ["a"], ["a"], best_path="best.h5")
+
+
+TENSORBOARD_INSTALLED = importlib.util.find_spec("tensorboard") is not None
+
+
+def test_make_callbacks_layout_and_order(tmp_path):
+    bleu = BleuCallback(ScriptedTranslator([["a dog runs ."] * 3] * 2), SOURCES, REFERENCES)
+    callbacks = make_callbacks(str(tmp_path), bleu_callback=bleu, best_monitor="val_bleu")
+    kinds = [type(c).__name__ for c in callbacks]
+    expected = ["BleuCallback", "ModelCheckpoint", "ModelCheckpoint"]
+    expected += ["TensorBoard"] * TENSORBOARD_INSTALLED + ["BackupAndRestore"]
+    assert kinds == expected
+    assert callbacks[2].monitor == "val_bleu" and callbacks[2].mode == "max"
+    assert callbacks[-1].backup_dir == str(tmp_path / "backup")
+    _tiny_fit(callbacks, epochs=2)
+    assert os.path.exists(tmp_path / "checkpoints" / "last.keras")
+    assert os.path.exists(tmp_path / "checkpoints" / "best.keras")  # saw val_bleu in logs
+    if TENSORBOARD_INSTALLED:
+        assert os.listdir(tmp_path / "logs")
+    assert not os.path.exists(tmp_path / "backup")  # deleted after a finished run
+
+
+@pytest.mark.skipif(TENSORBOARD_INSTALLED, reason="checks the message when it is missing")
+def test_tensorboard_required_but_missing_raises(tmp_path):
+    with pytest.raises(ValueError, match="tensorboard"):
+        make_callbacks(str(tmp_path), tensorboard=True)
+
+
+@pytest.mark.skipif(not TENSORBOARD_INSTALLED, reason="the tensorboard package is missing")
+def test_tensorboard_logs_under_logs_dir(tmp_path):
+    board = next(c for c in make_callbacks(str(tmp_path)) if type(c).__name__ == "TensorBoard")
+    assert board.log_dir == str(tmp_path / "logs")
