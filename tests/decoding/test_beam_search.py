@@ -1,0 +1,228 @@
+"""Tests of `beam_search`."""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from keras_transformer.decoding import beam_search, greedy_search, length_penalty
+from tests.decoding import reference
+from tests.decoding.fake_models import (
+    END_ID,
+    HistoryModel,
+    NeverEndModel,
+    TableModel,
+)
+
+A, B = 3, 4  # two ordinary tokens of the hand-made tables
+
+
+def _beam_trap_table():
+    """START -> A (0.55) | B (0.45); A -> END 0.3, others 0.7 split; B -> END 0.9."""
+    probs = np.zeros([6, 6])
+    probs[:, END_ID] = 1.0  # rows that are never used
+    probs[1] = [0, 0, 0, 0.55, 0.45, 0]
+    probs[A] = [0, 0, 0.3, 0.25, 0.25, 0.2]
+    probs[B] = [0, 0, 0.9, 0.05, 0.05, 0]
+    probs[5] = [0, 0, 1.0, 0, 0, 0]
+    return probs
+
+
+def test_beam_finds_the_sequence_greedy_misses():
+    model = TableModel(_beam_trap_table())
+    greedy = greedy_search(model.next_logits, {}, 1, 5)
+    beam = beam_search(model.next_logits, {}, 1, 5, beam_size=2, alpha=0.0)
+    np.testing.assert_array_equal(greedy.tokens, [[A, END_ID, 0, 0, 0]])
+    np.testing.assert_array_equal(beam.tokens, [[B, END_ID, 0, 0, 0]])
+    np.testing.assert_allclose(beam.scores, [np.log(0.45 * 0.9)], rtol=1e-5)
+    np.testing.assert_allclose(greedy.scores, [np.log(0.55 * 0.3)], rtol=1e-5)
+    assert int(beam.lengths[0]) == 2
+
+
+def _short_or_long_table():
+    """Two competitors: [END] (log-prob -1.0) and [A, A, END] (log-prob about -1.2)."""
+    probs = np.zeros([4, 6, 6])
+    probs[:, :, END_ID] = 1.0  # unused rows
+    p_end = np.exp(-1.0)
+    probs[0, 1] = [0, 0, p_end, 1 - p_end, 0, 0]
+    probs[1, A] = [0, 0, 0.05, 0.9, 0.05, 0]
+    probs[2, A] = [0, 0, 0.557, 0.0, 0.443, 0]
+    probs[3] = [0, 0, 0.5, 0.25, 0.25, 0]
+    return probs
+
+
+@pytest.mark.parametrize("alpha", [0.0, 1.0])
+def test_length_penalty_changes_the_ranking_as_the_formula_says(alpha):
+    probs = _short_or_long_table()
+    short_log_prob = np.log(probs[0, 1, END_ID])
+    long_log_prob = np.log(probs[0, 1, A] * probs[1, A, A] * probs[2, A, END_ID])
+    short_score = short_log_prob / ((5 + 1) / 6) ** alpha
+    long_score = long_log_prob / ((5 + 3) / 6) ** alpha
+    # The formula makes the short one win without penalty and the long one with alpha 1.
+    assert (short_score > long_score) == (alpha == 0.0)
+    result = beam_search(
+        TableModel(probs).next_logits, {}, 1, 6, beam_size=3, alpha=alpha,
+        return_all_beams=True,
+    )
+    expected = [END_ID] if short_score > long_score else [A, A, END_ID]
+    length = len(expected)
+    np.testing.assert_array_equal(result.tokens[0, 0, :length], expected)
+    np.testing.assert_array_equal(result.tokens[0, 0, length:], 0)
+    assert int(result.lengths[0, 0]) == length
+    np.testing.assert_allclose(
+        result.normalized_scores[0, 0], max(short_score, long_score), rtol=1e-5
+    )
+    # Both competitors are among the finished beams, ranked by the formula.
+    found = {
+        tuple(row[:n]): float(score)
+        for row, n, score in zip(
+            result.tokens[0].numpy(), result.lengths[0].numpy(),
+            result.normalized_scores[0].numpy(),
+        )
+    }
+    np.testing.assert_allclose(found[(END_ID,)], short_score, rtol=1e-5)
+    np.testing.assert_allclose(found[(A, A, END_ID)], long_score, rtol=1e-5)
+
+
+def test_length_penalty_values():
+    np.testing.assert_allclose(length_penalty(1, 0.6), 1.0)
+    np.testing.assert_allclose(length_penalty(7, 1.0), 2.0)
+    np.testing.assert_allclose(length_penalty(3, 0.0), 1.0)
+    np.testing.assert_allclose(
+        length_penalty(tf.constant([4, 10]), 0.6), [1.5**0.6, 2.5**0.6], rtol=1e-6
+    )
+
+
+@pytest.mark.parametrize("beam_size", [1, 2, 3, 5])
+@pytest.mark.parametrize("alpha", [0.0, 0.6, 1.0])
+def test_beam_matches_reference_with_history_cache(beam_size, alpha):
+    # The logits depend on every token fed, read back from the tiled cache: beams whose
+    # cache rows were not gathered along with them give other results.
+    model = HistoryModel(vocab_size=7, max_length=8, seed=beam_size, end_bias=0.5)
+    sources = [0, 3, 7]
+    bounds = [8, 4, 6]
+    result = beam_search(
+        model.next_logits,
+        model.initial_cache(sources),
+        3,
+        8,
+        beam_size=beam_size,
+        alpha=alpha,
+        max_lengths=bounds,
+        return_all_beams=True,
+    )
+    assert result.tokens.shape == (3, beam_size, 8)
+    for b in range(3):
+        finished, _ = reference.beam(model, bounds[b], beam_size, alpha, sources[b])
+        for k, (score, log_prob, tokens) in enumerate(finished):
+            n = len(tokens)
+            assert int(result.lengths[b, k]) == n
+            np.testing.assert_array_equal(result.tokens[b, k, :n], tokens)
+            np.testing.assert_array_equal(result.tokens[b, k, n:], 0)
+            np.testing.assert_allclose(result.scores[b, k], log_prob, rtol=1e-5)
+            np.testing.assert_allclose(
+                result.normalized_scores[b, k], score, rtol=1e-5
+            )
+
+
+@pytest.mark.parametrize("alpha", [0.0, 0.6, 2.0])
+@pytest.mark.parametrize("seed", [0, 1, 2, 3])
+def test_beam_size_one_equals_greedy(alpha, seed):
+    model = HistoryModel(vocab_size=8, max_length=10, seed=10 + seed)
+    sources = [0, 1, 2, 3, 4, 5]
+    bounds = [10, 10, 10, 3, 6, 1]
+    greedy = greedy_search(
+        model.next_logits, model.initial_cache(sources), 6, 10, max_lengths=bounds
+    )
+    beam = beam_search(
+        model.next_logits,
+        model.initial_cache(sources),
+        6,
+        10,
+        beam_size=1,
+        alpha=alpha,
+        max_lengths=bounds,
+    )
+    np.testing.assert_array_equal(beam.tokens, greedy.tokens)
+    np.testing.assert_array_equal(beam.lengths, greedy.lengths)
+    np.testing.assert_allclose(beam.scores, greedy.scores, rtol=1e-6)
+
+
+def test_beam_is_bounded_for_a_model_that_never_ends():
+    model = NeverEndModel()
+    result = beam_search(
+        model.next_logits, {}, 4, 6, beam_size=3, max_lengths=tf.constant([1, 3, 6, 99])
+    )
+    np.testing.assert_array_equal(result.lengths, [1, 3, 6, 6])
+    for row, length in zip(result.tokens.numpy(), result.lengths.numpy()):
+        assert np.all(row[:length] > END_ID) and np.all(row[length:] == 0)
+    unbounded = beam_search(model.next_logits, {}, 2, 5, beam_size=2)
+    np.testing.assert_array_equal(unbounded.lengths, [5, 5])
+
+
+def test_beam_batch_equals_one_at_a_time():
+    model = HistoryModel(vocab_size=8, max_length=9, seed=7, end_bias=0.5)
+    sources = [2, 5, 9, 14]
+    bounds = [9, 4, 7, 9]
+    kwargs = dict(beam_size=3, alpha=0.6)
+    batch = beam_search(
+        model.next_logits, model.initial_cache(sources), 4, 9, max_lengths=bounds,
+        **kwargs,
+    )
+    for b in range(4):
+        alone = beam_search(
+            model.next_logits,
+            model.initial_cache(sources[b : b + 1]),
+            1,
+            9,
+            max_lengths=bounds[b : b + 1],
+            **kwargs,
+        )
+        np.testing.assert_array_equal(batch.tokens[b], alone.tokens[0])
+        np.testing.assert_array_equal(batch.lengths[b], alone.lengths[0])
+        np.testing.assert_allclose(batch.scores[b], alone.scores[0], rtol=1e-6)
+        np.testing.assert_allclose(
+            batch.normalized_scores[b], alone.normalized_scores[0], rtol=1e-6
+        )
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "tf_function"])
+def test_beam_stops_early(compiled):
+    counter = tf.Variable(0, dtype=tf.int32)
+    model = HistoryModel(
+        vocab_size=7, max_length=30, seed=3, end_bias=3.0, counter=counter
+    )
+    finished, steps = reference.beam(model, 30, 3, 0.6, source=4)
+    assert steps < 10  # the setting really stops early
+
+    def run(source):
+        return beam_search(
+            model.next_logits, model.initial_cache(source), 1, 30, beam_size=3
+        )
+
+    if compiled:
+        run = tf.function(run)
+    result = run(tf.constant([4]))
+    assert int(counter.numpy()) == steps
+    np.testing.assert_array_equal(result.tokens[0, : len(finished[0][2])], finished[0][2])
+
+
+def test_finished_beam_with_certain_end_stops_search():
+    # START -> A | B, then END for sure: 2 steps, although max_length is 50.
+    probs = np.zeros([6, 6])
+    probs[:, END_ID] = 1.0
+    probs[1] = [0, 0, 0, 0.6, 0.4, 0]
+    counter = tf.Variable(0, dtype=tf.int32)
+    result = beam_search(
+        TableModel(probs, counter=counter).next_logits, {}, 2, 50, beam_size=2,
+        return_all_beams=True,
+    )
+    assert int(counter.numpy()) == 2
+    np.testing.assert_array_equal(result.tokens[:, :, :2], [[[A, END_ID], [B, END_ID]]] * 2)
+    np.testing.assert_allclose(
+        result.scores[0], np.log([0.6, 0.4]), rtol=1e-5
+    )
+
+
+def test_beam_rejects_bad_beam_size():
+    with pytest.raises(ValueError, match="beam_size"):
+        beam_search(NeverEndModel().next_logits, {}, 1, 3, beam_size=0)

@@ -1,0 +1,119 @@
+"""Tests of `sample` and its logit filters."""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from keras_transformer.decoding import greedy_search, sample, top_k_filter, top_p_filter
+from tests.decoding.fake_models import END_ID, HistoryModel, TableModel
+
+# One step whose distribution is known: tokens 3, 4, 5, END with these probabilities.
+_PROBS = np.array([0.0, 0.0, 0.05, 0.5, 0.3, 0.15])
+_NUM_SAMPLES = 4000
+
+
+def _one_step_samples(**kwargs):
+    model = TableModel(np.tile(_PROBS, [6, 1]))
+    result = sample(model.next_logits, {}, _NUM_SAMPLES, 1, **kwargs)
+    return result.tokens.numpy()[:, 0]
+
+
+def _frequencies(tokens):
+    return np.bincount(tokens, minlength=len(_PROBS)) / len(tokens)
+
+
+def test_samples_follow_the_model_distribution():
+    frequencies = _frequencies(_one_step_samples(seed=1))
+    np.testing.assert_allclose(frequencies, _PROBS, atol=0.03)
+
+
+def test_temperature_sharpens_the_distribution():
+    tempered = _PROBS**2 / np.sum(_PROBS**2)  # temperature 0.5 squares the probabilities
+    frequencies = _frequencies(_one_step_samples(seed=2, temperature=0.5))
+    np.testing.assert_allclose(frequencies, tempered, atol=0.03)
+
+
+@pytest.mark.parametrize(
+    "top_p, nucleus", [(0.4, {3}), (0.7, {3, 4}), (0.85, {3, 4, 5})]
+)
+def test_top_p_never_samples_outside_the_nucleus(top_p, nucleus):
+    tokens = _one_step_samples(seed=3, top_p=top_p)
+    assert set(np.unique(tokens)) == nucleus
+    inside = np.array(sorted(nucleus))
+    expected = _PROBS[inside] / _PROBS[inside].sum()
+    np.testing.assert_allclose(_frequencies(tokens)[inside], expected, atol=0.03)
+
+
+def test_top_k_never_samples_outside_the_k_best():
+    tokens = _one_step_samples(seed=4, top_k=2)
+    assert set(np.unique(tokens)) == {3, 4}
+
+
+def test_filters_mask_with_a_finite_negative():
+    logits = tf.math.log(tf.constant([_PROBS + 1e-9], tf.float32))
+    for filtered in (top_k_filter(logits, 2), top_p_filter(logits, 0.7)):
+        values = filtered.numpy()[0]
+        assert np.all(np.isfinite(values))
+        np.testing.assert_array_equal(values[3:5], logits.numpy()[0, 3:5])
+        assert np.all(values[[0, 1, 2, 5]] <= -1e8)
+    assert top_k_filter(logits, 0) is logits and top_p_filter(logits, 1.0) is logits
+
+
+def _history_inputs():
+    model = HistoryModel(vocab_size=9, max_length=10, seed=21, scale=1.0)
+    sources = list(range(16))
+    return model, sources
+
+
+def test_top_k_one_equals_greedy():
+    model, sources = _history_inputs()
+    greedy = greedy_search(model.next_logits, model.initial_cache(sources), 16, 10)
+    sampled = sample(
+        model.next_logits, model.initial_cache(sources), 16, 10, top_k=1, seed=5
+    )
+    np.testing.assert_array_equal(sampled.tokens, greedy.tokens)
+    np.testing.assert_array_equal(sampled.lengths, greedy.lengths)
+    np.testing.assert_allclose(sampled.scores, greedy.scores, rtol=1e-6)
+
+
+def test_near_zero_temperature_behaves_like_greedy():
+    model, sources = _history_inputs()
+    greedy = greedy_search(model.next_logits, model.initial_cache(sources), 16, 10)
+    for temperature in (1e-4, 0.0):
+        sampled = sample(
+            model.next_logits, model.initial_cache(sources), 16, 10,
+            temperature=temperature, seed=6,
+        )
+        np.testing.assert_array_equal(sampled.tokens, greedy.tokens)
+
+
+def test_seeded_sampling_is_reproducible_and_seed_dependent():
+    model, sources = _history_inputs()
+
+    def run(seed):
+        return sample(model.next_logits, model.initial_cache(sources), 16, 10, seed=seed)
+
+    first, again, other = run(7), run(7), run(8)
+    np.testing.assert_array_equal(first.tokens, again.tokens)
+    assert not np.array_equal(first.tokens, other.tokens)
+    compiled = tf.function(run)(tf.constant([7, 0]))
+    np.testing.assert_array_equal(compiled.tokens, first.tokens)
+
+
+def test_sample_scores_are_model_log_probs_and_bounds_hold():
+    model, sources = _history_inputs()
+    bounds = [10, 2] * 8
+    result = sample(
+        model.next_logits, model.initial_cache(sources), 16, 10, temperature=1.5,
+        top_p=0.9, seed=9, max_lengths=bounds,
+    )
+    for b, source in enumerate(sources):
+        length = int(result.lengths[b])
+        tokens = result.tokens[b].numpy()
+        assert length <= bounds[b] and np.all(tokens[length:] == 0)
+        assert length == bounds[b] or tokens[length - 1] == END_ID
+        prefix, total = [1], 0.0
+        for token in tokens[:length]:
+            total += model.log_probs(prefix, source)[token]
+            prefix.append(int(token))
+        np.testing.assert_allclose(result.scores[b], total, rtol=1e-5)
