@@ -5,7 +5,7 @@ import pytest
 import tensorflow as tf
 
 from keras_transformer.decoding import greedy_search, sample, top_k_filter, top_p_filter
-from tests.decoding.fake_models import END_ID, HistoryModel, TableModel
+from tests.decoding.fake_models import END_ID, HistoryModel, NeverEndModel, TableModel
 
 # One step whose distribution is known: tokens 3, 4, 5, END with these probabilities.
 _PROBS = np.array([0.0, 0.0, 0.05, 0.5, 0.3, 0.15])
@@ -117,3 +117,11 @@ def test_sample_scores_are_model_log_probs_and_bounds_hold():
             total += model.log_probs(prefix, source)[token]
             prefix.append(int(token))
         np.testing.assert_allclose(result.scores[b], total, rtol=1e-5)
+
+
+def test_every_step_draws_fresh_randomness():
+    # A model that is uniform over 3 tokens at every step: reusing one seed for all steps
+    # would repeat the same token along each row.
+    result = sample(NeverEndModel().next_logits, {}, 8, 10, seed=11)
+    for row in result.tokens.numpy():
+        assert len(set(row)) > 1
