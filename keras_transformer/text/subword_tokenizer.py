@@ -1,5 +1,6 @@
 """An in-graph SentencePiece tokenizer whose model file travels as a SavedModel asset."""
 
+import hashlib
 import os
 import pathlib
 import shutil
@@ -34,7 +35,15 @@ class _SentencepieceModel(tf.saved_model.experimental.TrackableResource):
         _ = self.resource_handle  # Creates the resource eagerly.
 
     def _create_resource(self):
-        return gen_sentencepiece_tokenizer.sentencepiece_op(model=self._model_proto)
+        # Without a shared_name the resource belongs to the op's kernel and is deleted
+        # with it, and eager kernels are dropped whenever the kernel cache is cleared
+        # (`tf.random.set_seed` does it): every later call would fail with "Resource
+        # ... does not exist". A name derived from the model bytes keeps the resource in
+        # the resource manager for the process; equal models share one processor.
+        digest = hashlib.sha256(self._model_proto).hexdigest()[:20]
+        return gen_sentencepiece_tokenizer.sentencepiece_op(
+            model=self._model_proto, shared_name=f"keras_transformer_sentencepiece_{digest}"
+        )
 
 
 class SubwordTokenizer(tf.Module):

@@ -95,6 +95,20 @@ def test_invalid_utf8_is_replaced(tokenizer):
     assert out[0].decode("utf-8") == normalize(b"caf\xc3 ok \xff\xfe!")
 
 
+def test_survives_kernel_cache_clearing(small_model_path):
+    fresh = SubwordTokenizer(small_model_path)
+    text = tf.constant(["Ein Hund rennt."])
+    expected = fresh.tokenize(text).to_list()
+    # set_seed clears the eager kernel cache, which used to delete the SentencePiece
+    # resource owned by the kernel.
+    tf.random.set_seed(0)
+    assert fresh.tokenize(text).to_list() == expected
+    ds = tf.data.Dataset.from_tensor_slices(["Ein Hund rennt."]).batch(1)
+    tf.random.set_seed(1)
+    ids = next(iter(ds.map(lambda s: fresh.tokenize(s).to_tensor())))
+    assert ids.numpy().tolist() == expected
+
+
 def test_save_and_load(tokenizer, tmp_path):
     path = tokenizer.save(tmp_path / "vocab")
     assert path.name == "tokenizer.model"
