@@ -21,6 +21,8 @@ setup(
         "tensorflow-datasets>=4.9,<5",
         "sentencepiece>=0.2,<1",
         "sacrebleu>=2.4,<3",
+        "tensorboard~=2.21.0",
+        "pyyaml>=6",
         "numpy>=1.26",
     ],
     extras_require={

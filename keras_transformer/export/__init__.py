@@ -1,0 +1,13 @@
+"""Export: the string-to-string `Translator` and the versioned SavedModel writer."""
+
+from keras_transformer.export.saved_model import export_translator, latest_version_dir, next_version
+from keras_transformer.export.translator import SEARCHES, DecodingConfig, Translator
+
+__all__ = [
+    "DecodingConfig",
+    "SEARCHES",
+    "Translator",
+    "export_translator",
+    "latest_version_dir",
+    "next_version",
+]

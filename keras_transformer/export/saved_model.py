@@ -1,0 +1,81 @@
+"""Writes a `Translator` as a versioned SavedModel, the layout TF Serving watches."""
+
+import json
+import os
+import pathlib
+import shutil
+import time
+
+import tensorflow as tf
+
+
+def next_version(base_dir):
+    """The next free integer version under `base_dir` (1 when there is none)."""
+    base_dir = pathlib.Path(base_dir)
+    versions = [int(p.name) for p in base_dir.iterdir() if p.is_dir() and p.name.isdigit()] \
+        if base_dir.is_dir() else []
+    return max(versions, default=0) + 1
+
+
+def export_translator(translator, base_dir, version=None, metadata=None):
+    """Saves `translator` to `base_dir/<version>/` for TF Serving's `--model_base_path`.
+
+    The SavedModel is written to a hidden temporary directory beside its final place and
+    renamed when complete, so a model server polling `base_dir` never loads a half-written
+    version. Signatures: `serving_default` and `translate` (the export-time search) and,
+    unless that search is greedy, `translate_greedy`. The tokenizer models are SavedModel
+    assets; `assets.extra/translator.json` records the decoding settings and `metadata`.
+
+    Args:
+        translator: a `Translator`.
+        base_dir: str or path-like, the model's base directory (created if missing).
+        version: int or None, the version to write. Defaults to the next free one.
+        metadata: dict or None, JSON-serializable facts to record (training run, BLEU...).
+
+    Returns:
+        `pathlib.Path` of the written version directory.
+
+    Raises:
+        FileExistsError: when `base_dir/<version>` exists already.
+    """
+    base_dir = pathlib.Path(base_dir)
+    base_dir.mkdir(parents=True, exist_ok=True)
+    version = next_version(base_dir) if version is None else int(version)
+    if version < 1:
+        raise ValueError(f"version must be a positive integer, got version={version}.")
+    final = base_dir / str(version)
+    if final.exists():
+        raise FileExistsError(f"{final} exists; pass another --version or remove it.")
+    staging = base_dir / f".tmp-{version}-{os.getpid()}"
+    shutil.rmtree(staging, ignore_errors=True)
+    try:
+        tf.saved_model.save(translator, str(staging), signatures=translator.signatures())
+        extra = staging / "assets.extra"
+        extra.mkdir(exist_ok=True)
+        record = {
+            "decoding": vars(translator.config),
+            "exported_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "tensorflow": tf.__version__,
+            **(metadata or {}),
+        }
+        (extra / "translator.json").write_text(json.dumps(record, indent=2, default=str))
+        os.replace(staging, final)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return final
+
+
+def latest_version_dir(path):
+    """`path` itself if it is a SavedModel, else its highest integer version subdirectory."""
+    path = pathlib.Path(path)
+    if (path / "saved_model.pb").is_file():
+        return path
+    versions = sorted(
+        (p for p in path.iterdir() if p.is_dir() and p.name.isdigit()), key=lambda p: int(p.name)
+    ) if path.is_dir() else []
+    if not versions:
+        raise FileNotFoundError(
+            f"{path} is neither a SavedModel nor a base directory with integer versions; "
+            "export one with `keras-transformer export --model RUN_DIR --out DIR`."
+        )
+    return versions[-1]
