@@ -1,6 +1,7 @@
 """Export: the string-to-string `Translator` and the versioned SavedModel writer."""
 
 from keras_transformer.export.saved_model import export_translator, latest_version_dir, next_version
+from keras_transformer.export.run import load_run, model_path
 from keras_transformer.export.translator import SEARCHES, DecodingConfig, Translator
 
 __all__ = [
@@ -8,6 +9,8 @@ __all__ = [
     "SEARCHES",
     "Translator",
     "export_translator",
+    "load_run",
+    "model_path",
     "latest_version_dir",
     "next_version",
 ]

@@ -1,0 +1,53 @@
+"""Reads a training run directory: the contract between training and export.
+
+A run directory (written by `keras-transformer train`) holds:
+- `config.json`: the `TrainingConfig` of the run, as a dict;
+- `tokenizer/`: `tokenizer.model` (shared vocabulary) or `source.model` and `target.model`;
+- `model.keras`: the final model; `checkpoints/best.keras`: the best by validation BLEU;
+- `checkpoints/last.keras`, `logs/` (TensorBoard), `backup/` (BackupAndRestore),
+  `history.json` and `results.json` (figures measured at the end of the run).
+"""
+
+import json
+import pathlib
+
+import keras
+
+from keras_transformer.text import load_tokenizers
+
+CHECKPOINTS = ("best", "final", "last")
+
+
+def model_path(run_dir, checkpoint="best"):
+    """The `.keras` file of `checkpoint` ("best" falls back to the final model)."""
+    run_dir = pathlib.Path(run_dir)
+    if checkpoint not in CHECKPOINTS:
+        raise ValueError(f"checkpoint must be one of {CHECKPOINTS}, got {checkpoint!r}.")
+    candidates = {
+        "best": [run_dir / "checkpoints" / "best.keras", run_dir / "model.keras"],
+        "final": [run_dir / "model.keras"],
+        "last": [run_dir / "checkpoints" / "last.keras"],
+    }[checkpoint]
+    for path in candidates:
+        if path.is_file():
+            return path
+    raise FileNotFoundError(
+        f"No {checkpoint} model in {run_dir} (looked for "
+        f"{', '.join(str(p) for p in candidates)}); train one with `keras-transformer train`."
+    )
+
+
+def load_run(run_dir, checkpoint="best"):
+    """Loads `(model, source_tokenizer, target_tokenizer, config_dict)` from a run directory.
+
+    The model loads with `safe_mode=True`: it holds no lambdas or custom code beyond the
+    registered `keras_transformer` layers.
+    """
+    run_dir = pathlib.Path(run_dir)
+    import keras_transformer.layers  # noqa: F401  (registers the layer classes)
+
+    model = keras.saving.load_model(model_path(run_dir, checkpoint), compile=False, safe_mode=True)
+    source_tokenizer, target_tokenizer = load_tokenizers(run_dir / "tokenizer")
+    config_path = run_dir / "config.json"
+    config = json.loads(config_path.read_text()) if config_path.is_file() else {}
+    return model, source_tokenizer, target_tokenizer, config
