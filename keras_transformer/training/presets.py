@@ -197,7 +197,8 @@ def _check_names(values):
 PRESETS = {
     # Unit tests and smoke runs: a few seconds on CPU.
     "tiny": TrainingConfig(
-        vocab_size=64,
+        # Byte fallback alone needs 256 pieces plus the reserved ids and characters.
+        vocab_size=400,
         d_model=16,
         num_heads=2,
         ff_dim=32,
@@ -206,7 +207,7 @@ PRESETS = {
         max_length=16,
         tokens_per_batch=None,
         batch_size=8,
-        train_subset=64,
+        train_subset=1000,
         warmup_steps=10,
         epochs=1,
         steps_per_epoch=4,

@@ -1,0 +1,241 @@
+"""Command line: `keras-transformer train | export | translate | evaluate`.
+
+Also `python -m keras_transformer ...`. Each subcommand prints `--help`.
+"""
+
+import argparse
+import json
+import os
+import pathlib
+import shutil
+import sys
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+PRECISIONS = {"none": None, "float32": None, "bf16": "mixed_bfloat16",
+              "mixed_bfloat16": "mixed_bfloat16", "fp16": "mixed_float16",
+              "mixed_float16": "mixed_float16"}
+
+
+def _parse_overrides(pairs):
+    """`["epochs=2", "d_model=64"]` -> `{"epochs": 2, "d_model": 64}` (values read as JSON)."""
+    overrides = {}
+    for pair in pairs or []:
+        if "=" not in pair:
+            raise SystemExit(f"--set expects KEY=VALUE, got {pair!r}")
+        key, value = pair.split("=", 1)
+        try:
+            overrides[key] = json.loads(value)
+        except json.JSONDecodeError:
+            overrides[key] = value
+    return overrides
+
+
+def _make_translate_fn(search, beam_size, alpha, max_output_length):
+    """A factory for the trainer's validation BLEU: translates with the in-graph Translator."""
+
+    def make(model, source_tokenizer, target_tokenizer):
+        from keras_transformer.export import DecodingConfig, Translator
+
+        translator = Translator(
+            model, source_tokenizer, target_tokenizer,
+            DecodingConfig(search=search, beam_size=beam_size, alpha=alpha,
+                           max_output_length=max_output_length),
+        )
+        return translator
+
+    return make
+
+
+def _load_config(args):
+    from keras_transformer.training import TrainingConfig, get_preset
+
+    config = TrainingConfig.from_file(args.config) if args.config else get_preset(args.preset)
+    overrides = _parse_overrides(args.set)
+    if args.epochs is not None:
+        overrides["epochs"] = args.epochs
+    if args.mixed_precision is not None:
+        overrides["precision"] = PRECISIONS[args.mixed_precision]
+    return config.replace(**overrides) if overrides else config
+
+
+def cmd_train(args):
+    config = _load_config(args)
+    output = pathlib.Path(args.output)
+    if output.exists() and args.overwrite:
+        shutil.rmtree(output)
+    elif (output / "model.keras").exists():
+        raise SystemExit(f"{output} holds a finished run; pass --overwrite to train again.")
+    elif (output / "backup").exists():
+        print(f"Resuming the interrupted run in {output}", flush=True)
+    from keras_transformer.training.trainer import train
+
+    search = "beam" if config.beam_size > 1 else "greedy"
+    run = train(
+        config,
+        output,
+        data_dir=args.tfds_dir,
+        local_dir=args.data_dir,
+        strategy=args.strategy,
+        make_translate_fn=_make_translate_fn(search, config.beam_size, config.length_penalty,
+                                             config.max_length + 16),
+    )
+    print(f"Trained {config.epochs} epoch(s) in {run.train_seconds / 60:.1f} min; run directory "
+          f"{output} (model.keras, checkpoints/, tokenizer/, logs/)", flush=True)
+
+
+def cmd_export(args):
+    from keras_transformer.export import DecodingConfig, Translator, export_translator, load_run
+
+    model, source_tokenizer, target_tokenizer, config = load_run(args.model, args.checkpoint)
+    decoding = DecodingConfig(
+        search=args.search,
+        beam_size=args.beam_size,
+        alpha=args.alpha,
+        max_input_length=args.max_input_length,
+        extra_length=args.extra_length,
+        max_output_length=args.max_output_length,
+    )
+    translator = Translator(model, source_tokenizer, target_tokenizer, decoding)
+    path = export_translator(
+        translator, args.out, version=args.version,
+        metadata={"run_dir": str(args.model), "checkpoint": args.checkpoint,
+                  "training_config": config},
+    )
+    print(f"Exported {args.search} (beam {args.beam_size}) translator to {path}")
+
+
+def _read_lines(path):
+    from keras_transformer.export.inference import read_lines
+
+    return read_lines(path)
+
+
+def cmd_translate(args):
+    sentences = _read_lines(args.input)
+    if args.server:
+        sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent / "export"))
+        from keras_transformer.export.inference import translate_via_server
+
+        translations = translate_via_server(args.server, sentences, signature=args.signature)
+    else:
+        from keras_transformer.export.inference import ExportedTranslator
+
+        translator = ExportedTranslator(args.export, signature=args.signature)
+        translations = [r["translation"] for r in translator.translate(sentences, args.batch_size)]
+    out = open(args.output, "w", encoding="utf-8") if args.output else sys.stdout
+    try:
+        for line in translations:
+            out.write(line + "\n")
+    finally:
+        if args.output:
+            out.close()
+
+
+def cmd_evaluate(args):
+    from keras_transformer.export.inference import ExportedTranslator, evaluate_translations
+
+    if args.src or args.ref:
+        if not (args.src and args.ref):
+            raise SystemExit("--src and --ref go together.")
+        sources, references = _read_lines(args.src), _read_lines(args.ref)
+    else:
+        from keras_transformer.data import load_multi30k
+
+        split = {"test": "test_2016", "val": "validation"}.get(args.split, args.split)
+        sources, references = [], []
+        for example in load_multi30k(split, data_dir=args.tfds_dir,
+                                     local_dir=args.data_dir).as_numpy_iterator():
+            sources.append(example[args.source_lang].decode("utf-8"))
+            references.append(example[args.target_lang].decode("utf-8"))
+    if args.limit:
+        sources, references = sources[: args.limit], references[: args.limit]
+    translator = ExportedTranslator(args.export, signature=args.signature)
+    started = time.time()
+    results = translator.translate(sources, args.batch_size)
+    seconds = time.time() - started
+    hypotheses = [r["translation"] for r in results]
+    scores = evaluate_translations(hypotheses, references)
+    scores["sentences_per_second"] = len(sources) / seconds if seconds else float("inf")
+    for source, hypothesis, reference in list(zip(sources, hypotheses, references))[: args.show]:
+        print(f"SRC: {source}\nOUT: {hypothesis}\nREF: {reference}\n")
+    print(f"{len(sources)} sentences in {seconds:.1f}s ({scores['sentences_per_second']:.1f}/s)")
+    print(f"BLEU (cased, detokenized): {scores['bleu']:.2f}   {scores.get('bleu_signature', '')}")
+    print(f"BLEU (lowercased):         {scores['bleu_lowercase']:.2f}")
+    print(f"chrF:                      {scores['chrf']:.2f}")
+    if args.json:
+        pathlib.Path(args.json).write_text(json.dumps(scores, indent=2))
+
+
+def build_parser():
+    from keras_transformer.export.translator import SEARCHES
+
+    parser = argparse.ArgumentParser(prog="keras-transformer", description=__doc__.split("\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    train = sub.add_parser("train", help="train on Multi30K with model.fit")
+    train.add_argument("--preset", default="quick", help="tiny | quick | multi30k (default quick)")
+    train.add_argument("--config", help="a JSON or YAML TrainingConfig file (overrides --preset)")
+    train.add_argument("--set", nargs="*", metavar="KEY=VALUE", help="override config fields")
+    train.add_argument("--epochs", type=int)
+    train.add_argument("--output", required=True, help="run directory")
+    train.add_argument("--overwrite", action="store_true", help="delete an existing run first")
+    train.add_argument("--data-dir", help="directory with the raw Multi30K files "
+                       "(default: $KERAS_TRANSFORMER_MULTI30K_DIR or ../shared/data/multi30k)")
+    train.add_argument("--tfds-dir", help="TFDS data_dir for the prepared dataset")
+    train.add_argument("--mixed-precision", choices=sorted(PRECISIONS))
+    train.add_argument("--strategy", default="auto",
+                       choices=["auto", "default", "mirrored", "multi_worker"])
+    train.set_defaults(func=cmd_train)
+
+    export = sub.add_parser("export", help="write a versioned SavedModel for TF Serving")
+    export.add_argument("--model", required=True, help="run directory from `train`")
+    export.add_argument("--out", required=True, help="model base directory (gets <version>/)")
+    export.add_argument("--version", type=int, help="default: the next free integer")
+    export.add_argument("--checkpoint", default="best", choices=["best", "final", "last"])
+    export.add_argument("--search", default="beam", choices=SEARCHES)
+    export.add_argument("--beam-size", type=int, default=4)
+    export.add_argument("--alpha", type=float, default=0.6)
+    export.add_argument("--max-input-length", type=int, default=128)
+    export.add_argument("--extra-length", type=int, default=50)
+    export.add_argument("--max-output-length", type=int, default=128)
+    export.set_defaults(func=cmd_export)
+
+    translate = sub.add_parser("translate", help="translate lines with an export or a server")
+    translate.add_argument("--export", help="SavedModel version dir or base dir")
+    translate.add_argument("--server", help="TF Serving REST URL, e.g. http://localhost:8501")
+    translate.add_argument("--input", default="-", help="file of sentences (default stdin)")
+    translate.add_argument("--output", help="file for translations (default stdout)")
+    translate.add_argument("--signature", default="translate")
+    translate.add_argument("--batch-size", type=int, default=64)
+    translate.set_defaults(func=cmd_translate)
+
+    evaluate = sub.add_parser("evaluate", help="BLEU and chrF of an export")
+    evaluate.add_argument("--export", required=True)
+    evaluate.add_argument("--split", default="test", help="test | validation (Multi30K)")
+    evaluate.add_argument("--src", help="source file (with --ref instead of --split)")
+    evaluate.add_argument("--ref", help="reference file")
+    evaluate.add_argument("--source-lang", default="en")
+    evaluate.add_argument("--target-lang", default="de")
+    evaluate.add_argument("--data-dir")
+    evaluate.add_argument("--tfds-dir")
+    evaluate.add_argument("--signature", default="translate")
+    evaluate.add_argument("--batch-size", type=int, default=64)
+    evaluate.add_argument("--limit", type=int, help="only the first N sentences")
+    evaluate.add_argument("--show", type=int, default=0, help="print N examples")
+    evaluate.add_argument("--json", help="write the scores to this file")
+    evaluate.set_defaults(func=cmd_evaluate)
+    return parser
+
+
+def main(argv=None):
+    args = build_parser().parse_args(argv)
+    if args.command == "translate" and not (args.export or args.server):
+        raise SystemExit("translate needs --export DIR or --server URL.")
+    args.func(args)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
