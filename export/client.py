@@ -1,0 +1,178 @@
+#!/usr/bin/env python3
+"""Calls the `translator` model of a TF Serving model server and prints the translations.
+
+REST (default) needs only the Python standard library:
+
+    python export/client.py "A dog runs." "Two men are talking."
+    cat sentences.en | python export/client.py --server http://localhost:8501 > out.de
+
+It sends `POST <server>/v1/models/<model>:predict` with
+`{"signature_name": "translate", "instances": ["A dog runs.", ...]}` (the row format; the
+signature has one named string input, `text`, so each instance is the plain string) and reads
+`{"predictions": [{"translation": ..., "score": ..., "length": ...}, ...]}`.
+
+gRPC (`--grpc`, port 8500) needs `pip install tensorflow-serving-api` (which brings
+`tensorflow` and `grpcio`); it sends a `PredictRequest` with the `text` input as a string
+tensor.
+
+Sentences come from the arguments, or one per line from standard input when none is given.
+Each translation is printed on its own line (with `--json`, one JSON object per line with
+`translation`, `score` and `length`). Exit status 1 with the server's error message when the
+request fails.
+"""
+
+import argparse
+import json
+import sys
+import urllib.error
+import urllib.request
+
+DEFAULT_REST_SERVER = "http://localhost:8501"
+DEFAULT_GRPC_SERVER = "localhost:8500"
+DEFAULT_MODEL = "translator"
+DEFAULT_SIGNATURE = "translate"
+INPUT_NAME = "text"
+OUTPUT_NAMES = ("translation", "score", "length")
+
+
+class ServerError(RuntimeError):
+    """The model server answered with an error (or did not answer)."""
+
+
+def _rest_base(server):
+    server = server.rstrip("/")
+    return server if "://" in server else f"http://{server}"
+
+
+def predict_rest(sentences, server=DEFAULT_REST_SERVER, model=DEFAULT_MODEL,
+                 signature=DEFAULT_SIGNATURE, timeout=60.0):
+    """Translates `sentences` (list of str) through TF Serving's REST `:predict` API.
+
+    Returns:
+        list of dicts `{"translation": str, "score": float, "length": int}`, one per sentence.
+
+    Raises:
+        ServerError: on an HTTP error (with the server's `error` message) or no connection.
+    """
+    url = f"{_rest_base(server)}/v1/models/{model}:predict"
+    body = json.dumps({"signature_name": signature, "instances": list(sentences)}).encode()
+    request = urllib.request.Request(
+        url, data=body, method="POST", headers={"Content-Type": "application/json"}
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            document = json.loads(response.read().decode("utf-8"))
+    except urllib.error.HTTPError as error:
+        detail = error.read().decode("utf-8", errors="replace")
+        try:
+            detail = json.loads(detail).get("error", detail)
+        except ValueError:
+            pass
+        raise ServerError(f"{url} answered HTTP {error.code}: {detail}") from error
+    except (urllib.error.URLError, OSError) as error:
+        raise ServerError(f"Cannot reach {url}: {error}") from error
+    predictions = document.get("predictions")
+    if predictions is None:
+        raise ServerError(f"{url} answered without 'predictions': {document}")
+    results = []
+    for prediction in predictions:
+        if not isinstance(prediction, dict):  # a single-output signature: plain values
+            prediction = {"translation": prediction}
+        results.append({
+            "translation": prediction["translation"],
+            "score": float(prediction.get("score", float("nan"))),
+            "length": int(prediction.get("length", -1)),
+        })
+    return results
+
+
+def predict_grpc(sentences, server=DEFAULT_GRPC_SERVER, model=DEFAULT_MODEL,
+                 signature=DEFAULT_SIGNATURE, timeout=60.0):
+    """Translates `sentences` through TF Serving's gRPC `PredictionService/Predict`.
+
+    Needs `tensorflow-serving-api` (and the `tensorflow` and `grpcio` it depends on).
+    """
+    try:
+        import grpc
+        import tensorflow as tf
+        from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
+    except ImportError as error:
+        raise SystemExit(
+            f"--grpc needs `pip install tensorflow-serving-api` ({error}); or use REST."
+        ) from error
+    if "://" in server:
+        server = server.split("://", 1)[1]
+    request = predict_pb2.PredictRequest()
+    request.model_spec.name = model
+    request.model_spec.signature_name = signature
+    request.inputs[INPUT_NAME].CopyFrom(
+        tf.make_tensor_proto([s.encode("utf-8") for s in sentences], dtype=tf.string,
+                             shape=[len(sentences)])
+    )
+    with grpc.insecure_channel(server) as channel:
+        stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)
+        try:
+            response = stub.Predict(request, timeout=timeout)
+        except grpc.RpcError as error:
+            raise ServerError(f"{server} answered {error.code()}: {error.details()}") from error
+    outputs = {name: tf.make_ndarray(response.outputs[name]).tolist() for name in OUTPUT_NAMES}
+    return [
+        {"translation": t.decode("utf-8", errors="replace"), "score": float(s), "length": int(n)}
+        for t, s, n in zip(*(outputs[name] for name in OUTPUT_NAMES))
+    ]
+
+
+def _parse_args(argv):
+    parser = argparse.ArgumentParser(
+        description="Translate sentences with a TF Serving `translator` model.")
+    parser.add_argument("sentences", nargs="*",
+                        help="sentences to translate; read from stdin (one a line) if none")
+    parser.add_argument("--server", default=None,
+                        help=f"REST base URL (default {DEFAULT_REST_SERVER}) or, with --grpc, "
+                             f"host:port (default {DEFAULT_GRPC_SERVER})")
+    parser.add_argument("--model", default=DEFAULT_MODEL, help="model name (default %(default)s)")
+    parser.add_argument("--signature", default=DEFAULT_SIGNATURE,
+                        help="signature: translate, translate_greedy or serving_default "
+                             "(default %(default)s)")
+    parser.add_argument("--grpc", action="store_true", help="use gRPC instead of REST")
+    parser.add_argument("--batch-size", type=int, default=64,
+                        help="sentences per request (default %(default)s)")
+    parser.add_argument("--timeout", type=float, default=60.0,
+                        help="seconds per request (default %(default)s)")
+    parser.add_argument("--json", action="store_true",
+                        help="print one JSON object per line with translation, score, length")
+    return parser.parse_args(argv)
+
+
+def main(argv=None):
+    args = _parse_args(argv)
+    sentences = args.sentences
+    if not sentences:
+        text = sys.stdin.buffer.read().decode("utf-8", errors="replace")
+        sentences = text.split("\n")
+        if text.endswith("\n") or not text:
+            sentences.pop()
+        sentences = [s[:-1] if s.endswith("\r") else s for s in sentences]
+    # UTF-8 output whatever the locale (a C locale would fail on the first umlaut).
+    sys.stdout.reconfigure(encoding="utf-8")
+    predict = predict_grpc if args.grpc else predict_rest
+    server = args.server or (DEFAULT_GRPC_SERVER if args.grpc else DEFAULT_REST_SERVER)
+    try:
+        for start in range(0, len(sentences), max(args.batch_size, 1)):
+            batch = sentences[start:start + args.batch_size]
+            results = predict(batch, server=server, model=args.model,
+                              signature=args.signature, timeout=args.timeout)
+            for result in results:
+                if args.json:
+                    print(json.dumps(result, ensure_ascii=False))
+                else:
+                    print(result["translation"])
+            sys.stdout.flush()
+    except ServerError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
