@@ -1,0 +1,102 @@
+"""`export/client.py` end to end over loopback HTTP against a stub of TF Serving's REST API."""
+
+import json
+import os
+import pathlib
+import socket
+import subprocess
+import sys
+import urllib.request
+
+import numpy as np
+import pytest
+
+from keras_transformer.export import ExportedTranslator
+from tests.export.stub_server import StubModelServer
+
+CLIENT = pathlib.Path(__file__).resolve().parents[2] / "export" / "client.py"
+SENTENCES = ["ka lo mi", "bal dor fen gim", "", "Grüße aus Köln 🐕", "tu vo xe sel"]
+
+
+def run_client(*args, stdin=None):
+    env = dict(os.environ, PYTHONIOENCODING="ascii", LC_ALL="C")  # the client must not care
+    return subprocess.run(
+        [sys.executable, str(CLIENT), *args], input=stdin, capture_output=True, timeout=60,
+        env=env,
+    )
+
+
+@pytest.fixture(scope="module")
+def server(exported):
+    with StubModelServer(exported / "1", lifetime=240) as stub:
+        yield stub
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("signature", ["translate", "serving_default", "translate_greedy"])
+def test_client_translations_equal_the_saved_model(server, exported, signature):
+    expected = ExportedTranslator(exported, signature=signature).translate(SENTENCES)
+    completed = run_client("--server", server.url, "--signature", signature, "--json",
+                           *SENTENCES)
+    assert completed.returncode == 0, completed.stderr.decode()
+    results = [json.loads(line) for line in completed.stdout.decode("utf-8").splitlines()]
+    assert [r["translation"] for r in results] == [e["translation"] for e in expected]
+    assert [r["length"] for r in results] == [e["length"] for e in expected]
+    np.testing.assert_allclose([r["score"] for r in results], [e["score"] for e in expected],
+                               rtol=1e-5)
+    assert "POST /v1/models/translator:predict HTTP/1.1" in server.requests[-1]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_client_reads_stdin_and_batches(server, exported):
+    expected = ExportedTranslator(exported)(SENTENCES)
+    before = len(server.requests)
+    stdin = ("\n".join(SENTENCES) + "\n").encode("utf-8")
+    completed = run_client("--server", server.url.replace("http://", ""), "--batch-size", "2",
+                           stdin=stdin)
+    assert completed.returncode == 0, completed.stderr.decode()
+    assert completed.stdout.decode("utf-8").split("\n")[:-1] == expected
+    assert len(server.requests) - before == 3  # 5 sentences in batches of 2
+
+
+@pytest.mark.slow
+def test_stub_speaks_the_tf_serving_formats(server):
+    """The row and columnar formats and the error document, as TF Serving answers them."""
+    url = f"{server.url}/v1/models/translator:predict"
+
+    def post(document):
+        request = urllib.request.Request(url, json.dumps(document).encode(), method="POST")
+        try:
+            with urllib.request.urlopen(request, timeout=30) as response:
+                return response.status, json.loads(response.read())
+        except urllib.error.HTTPError as error:
+            return error.code, json.loads(error.read())
+
+    status, rows = post({"signature_name": "translate", "instances": ["ka lo"]})
+    assert status == 200 and set(rows["predictions"][0]) == {"translation", "score", "length"}
+    status, columns = post({"signature_name": "translate", "inputs": {"text": ["ka lo"]}})
+    assert status == 200
+    assert columns["outputs"]["translation"] == [rows["predictions"][0]["translation"]]
+    status, error = post({"signature_name": "nope", "instances": ["ka"]})
+    assert status == 400 and "nope" in error["error"]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(60)
+def test_client_reports_server_errors(server):
+    completed = run_client("--server", server.url, "--signature", "nope", "ka")
+    assert completed.returncode == 1
+    assert b"HTTP 400" in completed.stderr and b"nope" in completed.stderr
+    completed = run_client("--server", server.url, "--model", "other", "ka")
+    assert completed.returncode == 1 and b"HTTP 404" in completed.stderr
+
+
+@pytest.mark.timeout(60)
+def test_client_reports_an_unreachable_server():
+    with socket.socket() as probe:  # a port nobody listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    completed = run_client("--server", f"http://127.0.0.1:{port}", "ka")
+    assert completed.returncode == 1 and b"Cannot reach" in completed.stderr

@@ -1,0 +1,103 @@
+"""`keras_transformer.export.inference`: ExportedTranslator, read_lines and the metrics."""
+
+import io
+import sys
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from keras_transformer.export import (
+    ExportedTranslator,
+    evaluate_export,
+    evaluate_translations,
+    read_lines,
+)
+from tests.export.conftest import EXPORT_BEAM_SIZE
+
+REFERENCES = [
+    "A man in an orange hat starring at something.",
+    "Two young, White males are outside near many bushes.",
+    "A little girl climbing into a wooden playhouse.",
+]
+
+
+def test_read_lines_keeps_empty_lines_and_unicode_separators(tmp_path):
+    path = tmp_path / "text.txt"
+    # CRLF, an empty line, U+2028 (LINE SEPARATOR) inside a line, an invalid byte.
+    path.write_bytes(b"one\r\n\ntwo\xe2\x80\xa8still two\nbad \xff byte\n")
+    assert read_lines(path) == ["one", "", "two\u2028still two", "bad \ufffd byte"]
+    (tmp_path / "no_newline.txt").write_text("a\nb")
+    assert read_lines(tmp_path / "no_newline.txt") == ["a", "b"]
+    (tmp_path / "empty.txt").write_text("")
+    assert read_lines(tmp_path / "empty.txt") == []
+
+
+def test_read_lines_dash_reads_stdin(monkeypatch):
+    stdin = io.TextIOWrapper(io.BytesIO("Ein Hund.\nZwei Männer.\n".encode("utf-8")))
+    monkeypatch.setattr(sys, "stdin", stdin)
+    assert read_lines("-") == ["Ein Hund.", "Zwei Männer."]
+
+
+def test_perfect_hypotheses_score_100():
+    result = evaluate_translations(REFERENCES, REFERENCES)
+    assert result["bleu"] == pytest.approx(100.0)
+    assert result["bleu_lowercase"] == pytest.approx(100.0)
+    assert result["chrf"] == pytest.approx(100.0)
+    assert result["sentences"] == 3
+    assert result["bleu_signature"].startswith("nrefs:1|case:mixed|eff:no|tok:13a")
+    assert "case:lc" in result["bleu_lowercase_signature"]
+    assert result["chrf_signature"].startswith("nrefs:1|case:mixed|eff:yes|nc:6|nw:0")
+
+
+def test_lowercase_bleu_forgives_case():
+    mangled = [r.swapcase() if i % 2 == 0 else r.upper() for i, r in enumerate(REFERENCES)]
+    result = evaluate_translations(mangled, REFERENCES)
+    assert result["bleu_lowercase"] == pytest.approx(100.0)
+    assert result["bleu"] < 50.0
+    assert result["bleu_lowercase"] >= result["bleu"]
+    assert result["chrf"] < 100.0
+
+
+def test_evaluate_translations_rejects_unpaired_input():
+    with pytest.raises(ValueError, match="2 hypotheses and 3 references"):
+        evaluate_translations(REFERENCES[:2], REFERENCES)
+    with pytest.raises(ValueError, match="Nothing to evaluate"):
+        evaluate_translations([], [])
+
+
+@pytest.mark.slow
+def test_exported_translator_batches_and_matches_the_translator(exported, copy_task):
+    translator = ExportedTranslator(exported)
+    assert translator.path == exported / "1" and translator.version == 1
+    assert translator.metadata["decoding"]["beam_size"] == EXPORT_BEAM_SIZE
+    sentences = copy_task.held_out[:7] + ["", "Grüße 🐕"]
+    results = translator.translate(sentences, batch_size=2)  # 5 calls, the last one short
+    assert [set(r) for r in results] == [{"translation", "score", "length"}] * len(sentences)
+    in_process = copy_task.translator(search="beam", beam_size=EXPORT_BEAM_SIZE).translate(
+        tf.constant(sentences))
+    assert [r["translation"] for r in results] == [
+        t.decode() for t in in_process["translation"].numpy().tolist()]
+    assert [r["length"] for r in results] == in_process["length"].numpy().tolist()
+    np.testing.assert_allclose([r["score"] for r in results], in_process["score"].numpy(),
+                               rtol=1e-4, atol=1e-4)
+    assert translator(sentences, batch_size=64) == [r["translation"] for r in results]
+    assert translator.translate([]) == []
+    with pytest.raises(ValueError, match="no signature 'nope'"):
+        ExportedTranslator(exported, signature="nope")
+    with pytest.raises(FileNotFoundError):
+        ExportedTranslator(exported.parent / "missing")
+
+
+@pytest.mark.slow
+def test_evaluate_export_on_the_copy_task(exported, copy_task):
+    sources = copy_task.held_out[:20]
+    result = evaluate_export(exported, sources, sources, batch_size=8,
+                             signature="translate_greedy")
+    assert result["sentences"] == 20 and len(result["translations"]) == 20
+    assert result["bleu"] > 70.0  # the tiny model copies (almost) perfectly
+    assert result["chrf"] > 80.0
+    assert result["sentences_per_second"] > 0 and result["seconds"] > 0
+    assert result["signature"] == "translate_greedy"
+    assert result["model_path"] == str(exported / "1")
+    assert evaluate_translations(result["translations"], sources)["bleu"] == result["bleu"]

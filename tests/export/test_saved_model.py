@@ -1,0 +1,274 @@
+"""The exported SavedModel: layout, signatures, fresh-process loading, saved_model_cli, inputs
+that must not break it, and versioned directories."""
+
+import ast
+import json
+import os
+import pathlib
+import re
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from tensorflow.core.framework import types_pb2
+from tensorflow.core.protobuf import saved_model_pb2
+
+from keras_transformer.export import ExportedTranslator, export_translator, latest_version_dir
+from tests.export.conftest import DECODING
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+VENV_BIN = pathlib.Path(sys.executable).parent
+SIGNATURES = ("translate", "serving_default", "translate_greedy")
+OUTPUT_DTYPES = {
+    "translation": types_pb2.DT_STRING,
+    "score": types_pb2.DT_FLOAT,
+    "length": types_pb2.DT_INT32,
+}
+# A subprocess that may import only tensorflow and tensorflow_text: a meta-path hook makes
+# any import of this package fail, and the child reports what it imported.
+FRESH_PROCESS_SCRIPT = r"""
+import json, sys
+
+class RefuseProjectImports:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] == "keras_transformer":
+            raise ImportError(f"{name} was imported while serving the SavedModel")
+        return None
+
+sys.meta_path.insert(0, RefuseProjectImports())
+import tensorflow as tf
+import tensorflow_text  # noqa: F401  (SentencePiece ops)
+
+path, sentences = sys.argv[1], json.loads(sys.argv[2])
+loaded = tf.saved_model.load(path)
+text = tf.constant(sentences, tf.string)
+
+def lists(outputs):
+    return {key: [v.decode("utf-8") if isinstance(v, bytes) else v
+                  for v in value.numpy().tolist()] for key, value in outputs.items()}
+
+result = {name: lists(loaded.signatures[name](text=text))
+          for name in ("translate", "serving_default", "translate_greedy")}
+result["function_attribute"] = lists(loaded.translate(text))
+assert "keras_transformer" not in sys.modules
+result["keras_transformer_modules"] = [m for m in sys.modules if m.startswith("keras_transformer")]
+print("RESULT " + json.dumps(result))
+"""
+
+
+def version_dir(base):
+    return latest_version_dir(base)
+
+
+def signature_defs(saved_model_dir):
+    """The signature defs as TF Serving reads them, from `saved_model.pb`."""
+    proto = saved_model_pb2.SavedModel()
+    proto.ParseFromString((pathlib.Path(saved_model_dir) / "saved_model.pb").read_bytes())
+    (meta_graph,) = proto.meta_graphs
+    assert "serve" in meta_graph.meta_info_def.tags
+    return meta_graph.signature_def
+
+
+def in_process(copy_task, sentences, search="beam"):
+    from tests.export.conftest import EXPORT_BEAM_SIZE
+
+    translator = copy_task.translator(search=search, beam_size=EXPORT_BEAM_SIZE)
+    outputs = translator.translate(tf.constant(sentences, tf.string))
+    return (
+        [t.decode("utf-8") for t in outputs["translation"].numpy().tolist()],
+        outputs["score"].numpy(),
+        outputs["length"].numpy(),
+    )
+
+
+def child_env():
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", CUDA_VISIBLE_DEVICES="")
+    env.pop("PYTHONPATH", None)
+    return env
+
+
+@pytest.mark.slow
+def test_layout_signatures_and_assets(exported):
+    saved_model_dir = version_dir(exported)
+    assert saved_model_dir == exported / "1"
+    definitions = signature_defs(saved_model_dir)
+    assert set(SIGNATURES) <= set(definitions)
+    for name in SIGNATURES:
+        definition = definitions[name]
+        assert set(definition.inputs) == {"text"}
+        text = definition.inputs["text"]
+        assert text.dtype == types_pb2.DT_STRING
+        assert [d.size for d in text.tensor_shape.dim] == [-1]
+        assert set(definition.outputs) == set(OUTPUT_DTYPES)
+        for key, dtype in OUTPUT_DTYPES.items():
+            assert definition.outputs[key].dtype == dtype, (name, key)
+            assert [d.size for d in definition.outputs[key].tensor_shape.dim] == [-1]
+    assets = list((saved_model_dir / "assets").glob("*.model"))
+    assert len(assets) == 1 and assets[0].stat().st_size > 0
+    record = json.loads((saved_model_dir / "assets.extra" / "translator.json").read_text())
+    assert record["decoding"]["search"] == "beam"
+    assert record["decoding"]["max_input_length"] == DECODING["max_input_length"]
+    assert record["task"] == "copy"  # the metadata argument
+    assert record["tensorflow"] == tf.__version__
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_moved_export_loads_in_a_fresh_process_without_this_package(
+    exported, copy_task, tmp_path
+):
+    sentences = copy_task.held_out[:6] + ["", "ka"]
+    completed = subprocess.run(
+        [sys.executable, "-c", FRESH_PROCESS_SCRIPT, str(exported / "1"), json.dumps(sentences)],
+        cwd=tmp_path, env=child_env(), capture_output=True, text=True, timeout=170,
+    )
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    (line,) = [l for l in completed.stdout.splitlines() if l.startswith("RESULT ")]
+    result = json.loads(line[len("RESULT "):])
+    assert result["keras_transformer_modules"] == []
+    translations, scores, lengths = in_process(copy_task, sentences)
+    for name in ("translate", "serving_default", "function_attribute"):
+        assert result[name]["translation"] == translations, name
+        np.testing.assert_array_equal(result[name]["length"], lengths)
+        np.testing.assert_allclose(result[name]["score"], scores, rtol=1e-4, atol=1e-4)
+    greedy, _, greedy_lengths = in_process(copy_task, sentences, search="greedy")
+    assert result["translate_greedy"]["translation"] == greedy
+    np.testing.assert_array_equal(result["translate_greedy"]["length"], greedy_lengths)
+    # The model learned to copy: the served translations are the sources.
+    assert sum(t == s for t, s in zip(translations[:6], sentences[:6])) >= 4
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_saved_model_cli_show_reads_the_signatures(exported):
+    completed = subprocess.run(
+        [str(VENV_BIN / "saved_model_cli"), "show", "--dir", str(exported / "1"), "--all"],
+        env=child_env(), capture_output=True, text=True, timeout=110,
+    )
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    out = completed.stdout
+    for name in SIGNATURES:
+        assert f"signature_def['{name}']" in out
+    assert "inputs['text'] tensor_info:" in out
+    assert re.search(r"outputs\['length'\] tensor_info:\s+dtype: DT_INT32\s+shape: \(-1\)", out)
+    assert re.search(r"outputs\['score'\] tensor_info:\s+dtype: DT_FLOAT\s+shape: \(-1\)", out)
+    assert re.search(r"outputs\['translation'\] tensor_info:\s+dtype: DT_STRING", out)
+
+
+def parse_cli_strings(stdout, key):
+    """The byte strings of `Result for output key <key>:` in saved_model_cli's stdout."""
+    match = re.search(rf"Result for output key {key}:\n(\[.*?\])\n", stdout + "\n", re.S)
+    assert match, stdout
+    literals = re.findall(r"b'(?:[^'\\]|\\.)*'|b\"(?:[^\"\\]|\\.)*\"", match.group(1))
+    return [ast.literal_eval(literal).decode("utf-8") for literal in literals]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_saved_model_cli_session_loader_runs_translate(exported, copy_task):
+    """The TF1 session loader (what TF Serving uses) restores the variables and runs the
+    search; `export/saved_model_cli.sh` registers the tf-text ops first."""
+    sentences = copy_task.held_out[:3]
+    completed = subprocess.run(
+        ["bash", str(REPO / "export" / "saved_model_cli.sh"), "run",
+         "--dir", str(exported / "1"), "--tag_set", "serve", "--signature_def", "translate",
+         "--input_exprs", f"text={json.dumps(sentences)}"],
+        env=dict(child_env(), PYTHON=sys.executable), capture_output=True, text=True,
+        timeout=170,
+    )
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    translations = parse_cli_strings(completed.stdout, "translation")
+    assert translations == in_process(copy_task, sentences)[0]
+
+
+HOSTILE_INPUTS = {
+    "empty": b"",
+    "whitespace": b" \t \n  ",
+    "very_long": ("ka " * 5000).encode(),
+    "cyrillic": "Собака бежит по траве.".encode(),
+    "cjk": "犬が草の上を走っている。".encode(),
+    "arabic": "كلب يجري".encode(),
+    "emoji": "🐕‍🦺 🏃🏽‍♀️ ❤️".encode(),
+    "invalid_utf8": b"ka \xff\xfe lo \xc3 mi \xed\xa0\x80",
+    "control": b"ka\x00lo\x07mi",
+}
+
+
+@pytest.fixture(scope="module")
+def served(exported):
+    return ExportedTranslator(exported)
+
+
+@pytest.fixture(scope="module")
+def loaded(exported):
+    import tensorflow_text  # noqa: F401
+
+    return tf.saved_model.load(str(exported / "1"))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("signature", ["translate", "translate_greedy"])
+def test_hostile_inputs_get_bounded_outputs(loaded, signature):
+    function = loaded.signatures[signature]
+    empty = function(text=tf.constant([], tf.string))
+    assert {k: v.shape.as_list() for k, v in empty.items()} == {
+        "translation": [0], "score": [0], "length": [0]}
+    names = list(HOSTILE_INPUTS)
+    outputs = function(text=tf.constant([HOSTILE_INPUTS[n] for n in names], tf.string))
+    bound = min(DECODING["max_input_length"] + DECODING["extra_length"],
+                DECODING["max_output_length"])
+    lengths = outputs["length"].numpy()
+    assert lengths.shape == (len(names),)
+    assert np.all(lengths >= 1) and np.all(lengths <= bound), dict(zip(names, lengths))
+    assert np.all(np.isfinite(outputs["score"].numpy()))
+    for name, translation in zip(names, outputs["translation"].numpy().tolist()):
+        translation.decode("utf-8")  # valid UTF-8 whatever came in
+    # One at a time gives the same as in the batch (no input disturbs its neighbours).
+    for i, name in enumerate(names):
+        alone = function(text=tf.constant([HOSTILE_INPUTS[name]]))
+        assert alone["translation"].numpy()[0] == outputs["translation"].numpy()[i], name
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_long_input_is_truncated_to_max_input_length(served, copy_task):
+    long_text = "ka lo " * 3000
+    tokenizer = copy_task.tokenizer
+    ids = tokenizer.tokenize([long_text], max_length=DECODING["max_input_length"], add_end=True)
+    assert int(ids.row_lengths()[0]) == DECODING["max_input_length"]
+    prefix = tokenizer.detokenize(ids.to_tensor()).numpy()[0].decode()  # the kept text
+    assert len(prefix) < 200
+    long_result, prefix_result = served.translate([long_text, prefix])
+    assert long_result == prefix_result
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_versions_are_numbered_and_never_overwritten(copy_task, tmp_path, monkeypatch):
+    translator = copy_task.translator(search="greedy")
+    base = tmp_path / "models" / "translator"
+    first = export_translator(translator, base)
+    second = export_translator(translator, base)
+    assert (first, second) == (base / "1", base / "2")
+    assert latest_version_dir(base) == second
+    assert ExportedTranslator(base).version == 2
+    # A greedy export has no separate greedy signature.
+    names = {n for n in signature_defs(second) if not n.startswith("__")}  # no init op
+    assert names == {"translate", "serving_default"}
+    with pytest.raises(FileExistsError):
+        export_translator(translator, base, version=1)
+    assert sorted(p.name for p in base.iterdir()) == ["1", "2"]
+
+    # A save that fails half-way leaves neither a version nor its staging directory.
+    def failing_save(obj, export_dir, signatures=None, **kwargs):
+        pathlib.Path(export_dir, "variables").mkdir(parents=True)
+        raise RuntimeError("disk full")
+
+    monkeypatch.setattr(tf.saved_model, "save", failing_save)
+    with pytest.raises(RuntimeError, match="disk full"):
+        export_translator(translator, base)
+    assert sorted(p.name for p in base.iterdir()) == ["1", "2"]
+    assert not list(base.glob(".tmp-*"))
