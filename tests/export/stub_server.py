@@ -166,3 +166,70 @@ class StubModelServer:
 
     def __exit__(self, *exc_info):
         self.stop()
+
+
+class StubGrpcServer:
+    """`tensorflow.serving.PredictionService/Predict` on 127.0.0.1 for a SavedModel.
+
+    Needs `tensorflow-serving-api` (the generated protos and service stubs) and `grpcio`.
+    Answers `PredictRequest`s for `model_name` with every output of the requested signature
+    as a tensor proto, as the model server does; unknown models or signatures fail with
+    `NOT_FOUND` / `INVALID_ARGUMENT`. Stops on `stop()` or after `lifetime` seconds.
+    """
+
+    def __init__(self, saved_model_dir, model_name="translator", version=1, lifetime=300.0):
+        from concurrent import futures
+
+        import grpc
+        import tensorflow_text  # noqa: F401  (SentencePiece ops)
+        from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
+
+        loaded = tf.saved_model.load(str(saved_model_dir))
+        signatures = dict(loaded.signatures)
+        lock = threading.Lock()
+
+        class Servicer(prediction_service_pb2_grpc.PredictionServiceServicer):
+            def Predict(self, request, context):  # noqa: N802
+                if request.model_spec.name != model_name:
+                    context.abort(grpc.StatusCode.NOT_FOUND,
+                                  f"Servable not found for request: {request.model_spec.name}")
+                name = request.model_spec.signature_name or "serving_default"
+                if name not in signatures:
+                    context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                  f"Serving signature name: \"{name}\" not found")
+                text = tf.make_ndarray(request.inputs[INPUT_NAME])
+                with lock:
+                    outputs = signatures[name](**{INPUT_NAME: tf.constant(text, tf.string)})
+                response = predict_pb2.PredictResponse()
+                response.model_spec.CopyFrom(request.model_spec)
+                response.model_spec.version.value = version
+                for key, value in outputs.items():
+                    response.outputs[key].CopyFrom(tf.make_tensor_proto(value.numpy()))
+                return response
+
+        self._loaded = loaded
+        self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+        prediction_service_pb2_grpc.add_PredictionServiceServicer_to_server(
+            Servicer(), self._server)
+        self.port = self._server.add_insecure_port("127.0.0.1:0")
+        self._timer = threading.Timer(lifetime, self.stop)
+        self._timer.daemon = True
+
+    @property
+    def address(self):
+        return f"127.0.0.1:{self.port}"
+
+    def start(self):
+        self._server.start()
+        self._timer.start()
+        return self
+
+    def stop(self):
+        self._timer.cancel()
+        self._server.stop(grace=1).wait(timeout=10)
+
+    def __enter__(self):
+        return self.start()
+
+    def __exit__(self, *exc_info):
+        self.stop()

@@ -100,3 +100,21 @@ def test_client_reports_an_unreachable_server():
         port = probe.getsockname()[1]
     completed = run_client("--server", f"http://127.0.0.1:{port}", "ka")
     assert completed.returncode == 1 and b"Cannot reach" in completed.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_grpc_client_against_a_stub_prediction_service(exported):
+    pytest.importorskip("tensorflow_serving.apis.prediction_service_pb2_grpc")
+    from tests.export.stub_server import StubGrpcServer
+
+    expected = ExportedTranslator(exported, signature="translate_greedy").translate(SENTENCES)
+    with StubGrpcServer(exported / "1", lifetime=100) as stub:
+        completed = run_client("--grpc", "--server", stub.address, "--signature",
+                               "translate_greedy", "--json", *SENTENCES)
+        assert completed.returncode == 0, completed.stderr.decode()[-3000:]
+        results = [json.loads(line) for line in completed.stdout.decode("utf-8").splitlines()]
+        assert [r["translation"] for r in results] == [e["translation"] for e in expected]
+        assert [r["length"] for r in results] == [e["length"] for e in expected]
+        failed = run_client("--grpc", "--server", stub.address, "--signature", "nope", "ka")
+        assert failed.returncode == 1 and b"INVALID_ARGUMENT" in failed.stderr
