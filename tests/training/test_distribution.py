@@ -11,11 +11,12 @@ import pytest
 _SCRIPT = os.path.join(os.path.dirname(__file__), "distributed_step.py")
 
 
-@pytest.fixture(scope="module")
-def results():
-    """Runs `distributed_step.py` in a fresh process (it splits the CPU before TF starts)."""
+@pytest.fixture(scope="module", params=["stand_in", "transformer"])
+def results(request):
+    """Runs `distributed_step.py` in a fresh process (it splits the CPU before TF starts),
+    with the stand-in model and with the real `build_transformer` model."""
     completed = subprocess.run(
-        [sys.executable, _SCRIPT], capture_output=True, text=True, timeout=300
+        [sys.executable, _SCRIPT, request.param], capture_output=True, text=True, timeout=300
     )
     assert completed.returncode == 0, completed.stderr[-4000:]
     line = next(l for l in completed.stdout.splitlines() if l.startswith("RESULT "))
