@@ -34,6 +34,8 @@ setup(
             "nbformat>=5.10",
             "ipykernel>=6",
             "matplotlib>=3.8",
+            "requests>=2.31",
+            "tensorflow-serving-api~=2.21.0",
         ],
         "serving": ["requests>=2.31"],
     },

@@ -113,17 +113,11 @@ def _read_lines(path):
 
 
 def cmd_translate(args):
+    from keras_transformer.export.inference import ExportedTranslator
+
     sentences = _read_lines(args.input)
-    if args.server:
-        sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent / "export"))
-        from keras_transformer.export.inference import translate_via_server
-
-        translations = translate_via_server(args.server, sentences, signature=args.signature)
-    else:
-        from keras_transformer.export.inference import ExportedTranslator
-
-        translator = ExportedTranslator(args.export, signature=args.signature)
-        translations = [r["translation"] for r in translator.translate(sentences, args.batch_size)]
+    translator = ExportedTranslator(args.export, signature=args.signature)
+    translations = translator(sentences, batch_size=args.batch_size)
     out = open(args.output, "w", encoding="utf-8") if args.output else sys.stdout
     try:
         for line in translations:
@@ -202,9 +196,10 @@ def build_parser():
     export.add_argument("--max-output-length", type=int, default=128)
     export.set_defaults(func=cmd_export)
 
-    translate = sub.add_parser("translate", help="translate lines with an export or a server")
-    translate.add_argument("--export", help="SavedModel version dir or base dir")
-    translate.add_argument("--server", help="TF Serving REST URL, e.g. http://localhost:8501")
+    translate = sub.add_parser(
+        "translate", help="translate lines with an exported SavedModel (for a running TF "
+        "Serving server use export/client.py)")
+    translate.add_argument("--export", required=True, help="SavedModel version dir or base dir")
     translate.add_argument("--input", default="-", help="file of sentences (default stdin)")
     translate.add_argument("--output", help="file for translations (default stdout)")
     translate.add_argument("--signature", default="translate")
@@ -231,8 +226,6 @@ def build_parser():
 
 def main(argv=None):
     args = build_parser().parse_args(argv)
-    if args.command == "translate" and not (args.export or args.server):
-        raise SystemExit("translate needs --export DIR or --server URL.")
     args.func(args)
     return 0
 
