@@ -2,14 +2,16 @@
 
 import keras
 
+from keras_transformer.layers.feed_forward import FeedForward
+from keras_transformer.layers.multi_head_attention import MultiHeadAttention
 from keras_transformer.layers.utils import clone_initializer
 
 
 class BlockBase(keras.layers.Layer):
-    """Base of the encoder and decoder blocks (not a layer to use on its own).
+    """Base of the encoder and decoder blocks and stacks (not a layer to use on its own).
 
-    Holds the hyperparameters both blocks take, builds their norms, dropouts and
-    initializer-carrying sublayer arguments, and serializes them.
+    Holds the hyperparameters they all take, builds the sub-layers the blocks share (an
+    attention or feed-forward sub-layer with its norm and dropout), and serializes them.
     """
 
     def __init__(
@@ -62,6 +64,30 @@ class BlockBase(keras.layers.Layer):
         norm.build(inputs_shape)
         dropout = keras.layers.Dropout(self.dropout, dtype=self.dtype_policy, name=f"{name}_dropout")
         return norm, dropout
+
+    def _build_attention(self, name, query_shape, value_shape):
+        """An attention sub-layer `name` with its norm and dropout, as attributes."""
+        attention = MultiHeadAttention(
+            self.num_heads,
+            dropout=self._attention_dropout_rate,
+            name=name,
+            **self._sublayer_kwargs(),
+        )
+        attention.build(query_shape, value_shape)
+        setattr(self, f"_{name}", attention)
+        norm, dropout = self._build_norm_and_dropout(name, query_shape)
+        setattr(self, f"_{name}_norm", norm)
+        setattr(self, f"_{name}_dropout", dropout)
+
+    def _build_feed_forward(self, inputs_shape):
+        """The feed-forward sub-layer with its norm and dropout."""
+        self._feed_forward = FeedForward(
+            self.ff_dim, activation=self.activation, name="feed_forward", **self._sublayer_kwargs()
+        )
+        self._feed_forward.build(inputs_shape)
+        self._feed_forward_norm, self._feed_forward_dropout = self._build_norm_and_dropout(
+            "feed_forward", inputs_shape
+        )
 
     def compute_output_shape(self, inputs_shape, *args, **kwargs):
         return inputs_shape

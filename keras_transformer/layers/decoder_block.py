@@ -4,8 +4,6 @@ import keras
 
 from keras_transformer.layers import masking
 from keras_transformer.layers.block_base import BlockBase
-from keras_transformer.layers.feed_forward import FeedForward
-from keras_transformer.layers.multi_head_attention import MultiHeadAttention
 from keras_transformer.layers.utils import sublayer_connection
 
 
@@ -67,34 +65,9 @@ class DecoderBlock(BlockBase):
     """
 
     def build(self, inputs_shape, encoder_outputs_shape=None):
-        encoder_outputs_shape = encoder_outputs_shape or inputs_shape
-        self._self_attention = MultiHeadAttention(
-            self.num_heads,
-            dropout=self._attention_dropout_rate,
-            name="self_attention",
-            **self._sublayer_kwargs(),
-        )
-        self._self_attention.build(inputs_shape, inputs_shape)
-        self._self_attention_norm, self._self_attention_dropout = self._build_norm_and_dropout(
-            "self_attention", inputs_shape
-        )
-        self._cross_attention = MultiHeadAttention(
-            self.num_heads,
-            dropout=self._attention_dropout_rate,
-            name="cross_attention",
-            **self._sublayer_kwargs(),
-        )
-        self._cross_attention.build(inputs_shape, encoder_outputs_shape)
-        self._cross_attention_norm, self._cross_attention_dropout = self._build_norm_and_dropout(
-            "cross_attention", inputs_shape
-        )
-        self._feed_forward = FeedForward(
-            self.ff_dim, activation=self.activation, name="feed_forward", **self._sublayer_kwargs()
-        )
-        self._feed_forward.build(inputs_shape)
-        self._feed_forward_norm, self._feed_forward_dropout = self._build_norm_and_dropout(
-            "feed_forward", inputs_shape
-        )
+        self._build_attention("self_attention", inputs_shape, inputs_shape)
+        self._build_attention("cross_attention", inputs_shape, encoder_outputs_shape or inputs_shape)
+        self._build_feed_forward(inputs_shape)
         self.built = True
 
     def initialize_cache(self, encoder_outputs, max_length):

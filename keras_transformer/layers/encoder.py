@@ -3,12 +3,13 @@
 import keras
 
 from keras_transformer.layers import masking
+from keras_transformer.layers.block_base import BlockBase
 from keras_transformer.layers.encoder_block import EncoderBlock
 from keras_transformer.layers.utils import clone_initializer
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
-class Encoder(keras.layers.Layer):
+class Encoder(BlockBase):
     """A stack of `num_layers` encoder blocks (Vaswani et al., 2017, section 3.1).
 
     With `norm_first=True` (pre-norm) a final `LayerNormalization` follows the stack, since
@@ -42,34 +43,11 @@ class Encoder(keras.layers.Layer):
     (2, 4, 8)
     """
 
-    def __init__(
-        self,
-        num_layers,
-        num_heads,
-        ff_dim,
-        dropout=0.1,
-        attention_dropout=None,
-        activation="relu",
-        norm_first=False,
-        layer_norm_epsilon=1e-6,
-        kernel_initializer="glorot_uniform",
-        bias_initializer="zeros",
-        **kwargs,
-    ):
-        super().__init__(**kwargs)
+    def __init__(self, num_layers, num_heads, ff_dim, **kwargs):
+        super().__init__(num_heads, ff_dim, **kwargs)
         if num_layers is None or num_layers <= 0:
             raise ValueError(f"`num_layers` must be a positive integer, got num_layers={num_layers}.")
         self.num_layers = num_layers
-        self.num_heads = num_heads
-        self.ff_dim = ff_dim
-        self.dropout = dropout
-        self.attention_dropout = attention_dropout
-        self.activation = keras.activations.get(activation)
-        self.norm_first = norm_first
-        self.layer_norm_epsilon = layer_norm_epsilon
-        self.kernel_initializer = keras.initializers.get(kernel_initializer)
-        self.bias_initializer = keras.initializers.get(bias_initializer)
-        self.supports_masking = True
 
     def _block_kwargs(self):
         return dict(
@@ -120,23 +98,7 @@ class Encoder(keras.layers.Layer):
             x = self._final_norm(x)
         return (x, scores) if return_attention_scores else x
 
-    def compute_output_shape(self, inputs_shape, *args, **kwargs):
-        return inputs_shape
-
     def get_config(self):
         config = super().get_config()
-        config.update(
-            {
-                "num_layers": self.num_layers,
-                "num_heads": self.num_heads,
-                "ff_dim": self.ff_dim,
-                "dropout": self.dropout,
-                "attention_dropout": self.attention_dropout,
-                "activation": keras.activations.serialize(self.activation),
-                "norm_first": self.norm_first,
-                "layer_norm_epsilon": self.layer_norm_epsilon,
-                "kernel_initializer": keras.initializers.serialize(self.kernel_initializer),
-                "bias_initializer": keras.initializers.serialize(self.bias_initializer),
-            }
-        )
+        config["num_layers"] = self.num_layers
         return config
