@@ -98,11 +98,17 @@ class Translator(tf.Module):
         self.target_tokenizer = target_tokenizer
         self.config = config or DecodingConfig()
         self._parts = TransformerParts(model)
+        # autograph=False: the searches are explicit `tf.while_loop`s and the layers branch
+        # only on Python values, so nothing needs converting; it also keeps tracing from
+        # re-reading source files (a process whose sources changed on disk still traces).
         self.translate = tf.function(
-            lambda text: self._translate(text, self.config.search), input_signature=[TEXT_SPEC]
+            lambda text: self._translate(text, self.config.search),
+            input_signature=[TEXT_SPEC],
+            autograph=False,
         )
         self.translate_greedy = tf.function(
-            lambda text: self._translate(text, "greedy"), input_signature=[TEXT_SPEC]
+            lambda text: self._translate(text, "greedy"), input_signature=[TEXT_SPEC],
+            autograph=False,
         )
 
     def _translate(self, text, search):
