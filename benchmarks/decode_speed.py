@@ -30,7 +30,7 @@ def main():
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--limit", type=int, default=None, help="first N test sentences")
     parser.add_argument("--latency-sentences", type=int, default=50)
-    parser.add_argument("--max-output-length", type=int, default=80)
+    parser.add_argument("--max-output-length", type=int, default=128)
     args = parser.parse_args()
 
     import sacrebleu

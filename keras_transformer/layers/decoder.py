@@ -1,7 +1,6 @@
 """The Transformer decoder: a stack of `DecoderBlock`s with a cache for incremental decoding."""
 
 import keras
-from keras import ops
 
 from keras_transformer.layers import masking
 from keras_transformer.layers.decoder_block import DecoderBlock
@@ -16,10 +15,12 @@ class Decoder(Encoder):
     with `norm_first=True` a final `LayerNormalization` follows the stack.
 
     Incremental decoding: `initialize_cache(encoder_outputs, max_length)` returns the stack's
-    cache `(self_attention_cache (B, L, 2, T_max, H, d_k), cross_attention_cache
-    (B, L, 2, S, H, d_k))`; each call with `cache` and `cache_index` decodes the positions
-    `cache_index ..` and returns the updated cache. Cached step-by-step decoding gives the same
-    outputs as the full forward pass.
+    cache `(self_attention_caches, cross_attention_caches)`, two tuples with one tensor per
+    block, `(B, 2, T_max, H, d_k)` and `(B, 2, S, H, d_k)`; each call with `cache` and
+    `cache_index` decodes the positions `cache_index ..` and returns the updated cache.
+    Cached step-by-step decoding gives the same outputs as the full forward pass. (Per-block
+    tensors rather than one stacked `(B, L, ...)` tensor: a step then copies no cache to
+    slice a block's part out or to stack the parts back.)
 
     Call arguments:
         inputs: `(B, T, d_model)` target embeddings.
@@ -59,13 +60,13 @@ class Decoder(Encoder):
             max_length: int, decoder positions the cache holds (T_max).
 
         Returns:
-            `(self_attention_cache (B, L, 2, T_max, H, d_k),
-            cross_attention_cache (B, L, 2, S, H, d_k))`.
+            `(self_attention_caches, cross_attention_caches)`: tuples of `L` tensors,
+            `(B, 2, T_max, H, d_k)` zeros and `(B, 2, S, H, d_k)`.
         """
         caches = [block.initialize_cache(encoder_outputs, max_length) for block in self.blocks]
         return (
-            ops.stack([self_cache for self_cache, _ in caches], axis=1),
-            ops.stack([cross_cache for _, cross_cache in caches], axis=1),
+            tuple(self_cache for self_cache, _ in caches),
+            tuple(cross_cache for _, cross_cache in caches),
         )
 
     def call(
@@ -85,7 +86,7 @@ class Decoder(Encoder):
             encoder_padding_mask = masking.keras_mask(encoder_outputs)
         x, scores, self_caches = inputs, [], []
         for index, block in enumerate(self.blocks):
-            block_cache = None if cache is None else (cache[0][:, index], cache[1][:, index])
+            block_cache = None if cache is None else (cache[0][index], cache[1][index])
             outputs = block(
                 x,
                 encoder_outputs,
@@ -109,7 +110,7 @@ class Decoder(Encoder):
         if return_attention_scores:
             results += (scores,)
         if cache is not None:
-            results += ((ops.stack(self_caches, axis=1), cache[1]),)
+            results += ((tuple(self_caches), tuple(cache[1])),)
         return results[0] if len(results) == 1 else results
 
     def compute_mask(self, inputs, mask=None):

@@ -28,8 +28,8 @@ class MultiHeadAttention(keras.layers.Layer):
     - self-attention: pass `cache` `(B, 2, T_max, H, d_k)` (keys at `[:, 0]`, values at
       `[:, 1]`) and `cache_index`, the position of the first query. The keys/values of the new
       query positions are written into the cache at `cache_index` and the queries attend over
-      the cache with a look-ahead mask offset by `cache_index` (unwritten positions are never
-      seen). Returns the updated cache.
+      the written part of the cache (positions `< cache_index + T`) with a look-ahead mask
+      offset by `cache_index`. Returns the updated cache.
     - cross-attention: pass `cache` from `compute_key_value(encoder_outputs)` and no
       `cache_index`; the cached keys/values are used as they are and `value`/`key` are ignored.
 
@@ -185,9 +185,12 @@ class MultiHeadAttention(keras.layers.Layer):
                 zero = ops.zeros((), "int32")
                 start = [zero, zero, ops.cast(cache_index, "int32"), zero, zero]
                 cache = ops.slice_update(cache, start, ops.cast(update, cache.dtype))
-                key_heads, value_heads = cache[:, 0], cache[:, 1]
+                # Attend over the positions written so far only: the cost of a step then
+                # grows with the decoded length, not with the cache's fixed size.
+                written = ops.cast(cache_index, "int32") + ops.shape(query_heads)[1]
+                key_heads, value_heads = cache[:, 0, :written], cache[:, 1, :written]
                 causal_offset = cache_index
-                use_causal_mask = True  # positions after the queries are not written yet
+                use_causal_mask = True  # causal among the new queries themselves
         mask = masking.merge_masks(
             padding_mask=padding_mask,
             attention_mask=attention_mask,

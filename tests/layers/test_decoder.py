@@ -35,8 +35,9 @@ def test_cached_step_by_step_equals_full_pass(norm_first):
     memory_mask = np.array([[1, 1, 1, 1], [1, 1, 0, 0]], bool)
     full = _np(decoder(x, memory, encoder_padding_mask=memory_mask))
     cache = decoder.initialize_cache(memory, max_length=5)
-    assert tuple(cache[0].shape) == (2, 3, 2, 5, H, D // H)
-    assert tuple(cache[1].shape) == (2, 3, 2, 4, H, D // H)
+    assert len(cache[0]) == len(cache[1]) == 3  # one tensor per block
+    assert tuple(cache[0][0].shape) == (2, 2, 5, H, D // H)
+    assert tuple(cache[1][0].shape) == (2, 2, 4, H, D // H)
     steps = []
     for index in range(5):
         out, cache = decoder(x[:, index:index + 1], None, encoder_padding_mask=memory_mask,
