@@ -6,6 +6,16 @@ import keras
 import numpy as np
 
 
+def to_numpy(x):
+    """A tensor as a NumPy array."""
+    return keras.ops.convert_to_numpy(x)
+
+
+def random_array(*shape, seed=0):
+    """Standard-normal float32 array of `shape`, reproducible by `seed`."""
+    return np.random.default_rng(seed).normal(size=shape).astype("float32")
+
+
 def run_layer_checks(
     layer_cls,
     init_kwargs,

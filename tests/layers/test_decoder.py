@@ -1,20 +1,11 @@
-import keras
 import numpy as np
 import pytest
 
 from keras_transformer.layers import Decoder
-from tests.layer_checks import run_layer_checks
+from tests.layer_checks import to_numpy, random_array, run_layer_checks
 
 D, FF, H = 8, 16, 2
 NORMS = pytest.mark.parametrize("norm_first", [False, True], ids=["post_norm", "pre_norm"])
-
-
-def _np(x):
-    return keras.ops.convert_to_numpy(x)
-
-
-def _random(*shape, seed=0):
-    return np.random.default_rng(seed).normal(size=shape).astype("float32")
 
 
 @NORMS
@@ -22,7 +13,7 @@ def test_standard_layer_checks(norm_first):
     run_layer_checks(
         Decoder,
         {"num_layers": 2, "num_heads": H, "ff_dim": FF, "dropout": 0.1, "norm_first": norm_first},
-        (_random(2, 3, D), _random(2, 5, D, seed=1)),
+        (random_array(2, 3, D), random_array(2, 5, D, seed=1)),
         expected_output_shape=(2, 3, D),
         expected_num_trainable_weights=2 * 26 + (2 if norm_first else 0),
     )
@@ -31,9 +22,9 @@ def test_standard_layer_checks(norm_first):
 @NORMS
 def test_cached_step_by_step_equals_full_pass(norm_first):
     decoder = Decoder(num_layers=3, num_heads=H, ff_dim=FF, dropout=0.0, norm_first=norm_first)
-    x, memory = _random(2, 5, D), _random(2, 4, D, seed=1)
+    x, memory = random_array(2, 5, D), random_array(2, 4, D, seed=1)
     memory_mask = np.array([[1, 1, 1, 1], [1, 1, 0, 0]], bool)
-    full = _np(decoder(x, memory, encoder_padding_mask=memory_mask))
+    full = to_numpy(decoder(x, memory, encoder_padding_mask=memory_mask))
     cache = decoder.initialize_cache(memory, max_length=5)
     assert len(cache[0]) == len(cache[1]) == 3  # one tensor per block
     assert tuple(cache[0][0].shape) == (2, 2, 5, H, D // H)
@@ -42,10 +33,10 @@ def test_cached_step_by_step_equals_full_pass(norm_first):
     for index in range(5):
         out, cache = decoder(x[:, index:index + 1], None, encoder_padding_mask=memory_mask,
                              cache=cache, cache_index=index)
-        steps.append(_np(out))
+        steps.append(to_numpy(out))
     np.testing.assert_allclose(np.concatenate(steps, 1), full, rtol=1e-5, atol=1e-5)
 
 
 def test_output_carries_no_keras_mask():
     decoder = Decoder(num_layers=1, num_heads=H, ff_dim=FF)
-    assert decoder.compute_mask(_random(1, 2, D)) is None
+    assert decoder.compute_mask(random_array(1, 2, D)) is None

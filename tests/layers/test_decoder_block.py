@@ -1,21 +1,12 @@
-import keras
 import numpy as np
 import pytest
 from keras import ops
 
 from keras_transformer.layers import DecoderBlock, PositionalEmbedding
-from tests.layer_checks import run_layer_checks
+from tests.layer_checks import to_numpy, random_array, run_layer_checks
 
 D, FF, H = 8, 16, 2
 NORMS = pytest.mark.parametrize("norm_first", [False, True], ids=["post_norm", "pre_norm"])
-
-
-def _np(x):
-    return keras.ops.convert_to_numpy(x)
-
-
-def _random(*shape, seed=0):
-    return np.random.default_rng(seed).normal(size=shape).astype("float32")
 
 
 @NORMS
@@ -24,7 +15,7 @@ def test_standard_layer_checks(norm_first):
     run_layer_checks(
         DecoderBlock,
         {"num_heads": H, "ff_dim": FF, "dropout": 0.1, "norm_first": norm_first},
-        (_random(2, 3, D), _random(2, 5, D, seed=1)),
+        (random_array(2, 3, D), random_array(2, 5, D, seed=1)),
         expected_output_shape=(2, 3, D),
         expected_num_trainable_weights=8 + 8 + 4 + 6,
         expected_num_params=2 * attention + 2 * D * FF + FF + D + 3 * 2 * D,
@@ -34,10 +25,10 @@ def test_standard_layer_checks(norm_first):
 @NORMS
 def test_changing_a_future_token_leaves_earlier_outputs_unchanged(norm_first):
     block = DecoderBlock(num_heads=H, ff_dim=FF, dropout=0.0, norm_first=norm_first)
-    x, memory = _random(1, 4, D), _random(1, 5, D, seed=1)
+    x, memory = random_array(1, 4, D), random_array(1, 5, D, seed=1)
     changed = x.copy()
     changed[:, 2:] += 3.0
-    before, after = _np(block(x, memory)), _np(block(changed, memory))
+    before, after = to_numpy(block(x, memory)), to_numpy(block(changed, memory))
     np.testing.assert_allclose(before[:, :2], after[:, :2], rtol=1e-5, atol=1e-5)
     assert not np.allclose(before[:, 2:], after[:, 2:])
 
@@ -45,12 +36,12 @@ def test_changing_a_future_token_leaves_earlier_outputs_unchanged(norm_first):
 @NORMS
 def test_extra_padding_leaves_real_positions_unchanged(norm_first):
     block = DecoderBlock(num_heads=H, ff_dim=FF, dropout=0.0, norm_first=norm_first)
-    x, memory = _random(1, 3, D), _random(1, 4, D, seed=1)
-    reference = _np(block(x, memory, padding_mask=np.ones((1, 3), bool),
+    x, memory = random_array(1, 3, D), random_array(1, 4, D, seed=1)
+    reference = to_numpy(block(x, memory, padding_mask=np.ones((1, 3), bool),
                           encoder_padding_mask=np.ones((1, 4), bool)))
-    padded_x = np.concatenate([x, _random(1, 2, D, seed=7)], 1)
-    padded_memory = np.concatenate([memory, _random(1, 3, D, seed=8)], 1)
-    padded = _np(block(padded_x, padded_memory,
+    padded_x = np.concatenate([x, random_array(1, 2, D, seed=7)], 1)
+    padded_memory = np.concatenate([memory, random_array(1, 3, D, seed=8)], 1)
+    padded = to_numpy(block(padded_x, padded_memory,
                        padding_mask=np.array([[1, 1, 1, 0, 0]], bool),
                        encoder_padding_mask=np.array([[1, 1, 1, 1, 0, 0, 0]], bool)))
     np.testing.assert_allclose(padded[:, :3], reference, rtol=1e-5, atol=1e-5)
@@ -62,9 +53,9 @@ def test_implicit_keras_masks_equal_explicit_masks():
     source = np.array([[4, 5, 6, 0, 0], [7, 8, 9, 10, 0]], "int32")
     block = DecoderBlock(num_heads=H, ff_dim=FF, dropout=0.0)
     x, memory = embedding(target), embedding(source)
-    implicit = _np(block(x, memory))
-    explicit = _np(block(x, memory, padding_mask=target != 0, encoder_padding_mask=source != 0))
-    unmasked = _np(block(x, memory, padding_mask=np.ones_like(target, bool),
+    implicit = to_numpy(block(x, memory))
+    explicit = to_numpy(block(x, memory, padding_mask=target != 0, encoder_padding_mask=source != 0))
+    unmasked = to_numpy(block(x, memory, padding_mask=np.ones_like(target, bool),
                          encoder_padding_mask=np.ones_like(source, bool)))
     np.testing.assert_allclose(implicit, explicit, rtol=1e-6, atol=1e-6)
     assert not np.allclose(implicit, unmasked, atol=1e-4)
@@ -73,21 +64,21 @@ def test_implicit_keras_masks_equal_explicit_masks():
 @NORMS
 def test_cached_step_by_step_equals_full_pass(norm_first):
     block = DecoderBlock(num_heads=H, ff_dim=FF, dropout=0.0, norm_first=norm_first)
-    x, memory = _random(2, 4, D), _random(2, 5, D, seed=1)
+    x, memory = random_array(2, 4, D), random_array(2, 5, D, seed=1)
     memory_mask = np.array([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0]], bool)
-    full = _np(block(x, memory, encoder_padding_mask=memory_mask))
+    full = to_numpy(block(x, memory, encoder_padding_mask=memory_mask))
     cache = block.initialize_cache(memory, max_length=6)
     outputs = []
     for index in range(4):
         out, cache = block(x[:, index:index + 1], None, encoder_padding_mask=memory_mask,
                            cache=cache, cache_index=index)
-        outputs.append(_np(out))
+        outputs.append(to_numpy(out))
     np.testing.assert_allclose(np.concatenate(outputs, 1), full, rtol=1e-5, atol=1e-5)
 
 
 def test_scores_dict_and_arity():
     block = DecoderBlock(num_heads=H, ff_dim=FF)
-    x, memory = _random(2, 3, D), _random(2, 5, D, seed=1)
+    x, memory = random_array(2, 3, D), random_array(2, 5, D, seed=1)
     assert not isinstance(block(x, memory), tuple)
     _, scores = block(x, memory, return_attention_scores=True)
     assert tuple(scores["self_attention"].shape) == (2, H, 3, 3)

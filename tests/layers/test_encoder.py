@@ -1,16 +1,11 @@
-import keras
 import numpy as np
 import pytest
 
 from keras_transformer.layers import Encoder, PositionalEmbedding
-from tests.layer_checks import run_layer_checks
+from tests.layer_checks import to_numpy, run_layer_checks
 
 D, FF, H = 8, 16, 2
 NORMS = pytest.mark.parametrize("norm_first", [False, True], ids=["post_norm", "pre_norm"])
-
-
-def _np(x):
-    return keras.ops.convert_to_numpy(x)
 
 
 @NORMS
@@ -30,9 +25,9 @@ def test_stack_masks_padding_implicitly_and_returns_per_block_scores():
     encoder = Encoder(num_layers=2, num_heads=H, ff_dim=FF, dropout=0.0)
     implicit = encoder(embedded)
     explicit, scores = encoder(embedded, padding_mask=ids != 0, return_attention_scores=True)
-    np.testing.assert_allclose(_np(implicit), _np(explicit), rtol=1e-6, atol=1e-6)
-    np.testing.assert_array_equal(_np(implicit._keras_mask), ids != 0)
-    assert len(scores) == 2 and np.all(_np(scores[1])[1, :, :, 2:] == 0.0)
+    np.testing.assert_allclose(to_numpy(implicit), to_numpy(explicit), rtol=1e-6, atol=1e-6)
+    np.testing.assert_array_equal(to_numpy(implicit._keras_mask), ids != 0)
+    assert len(scores) == 2 and np.all(to_numpy(scores[1])[1, :, :, 2:] == 0.0)
 
 
 def test_invalid_num_layers_raises():

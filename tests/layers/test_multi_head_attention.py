@@ -1,27 +1,18 @@
-import keras
 import numpy as np
 import pytest
 from keras import ops
 
 from keras_transformer.layers import MultiHeadAttention, PositionalEmbedding
-from tests.layer_checks import run_layer_checks
+from tests.layer_checks import to_numpy, random_array, run_layer_checks
 
 B, T, S, D, H = 2, 4, 5, 8, 2
-
-
-def _np(x):
-    return keras.ops.convert_to_numpy(x)
-
-
-def _random(*shape, seed=0):
-    return np.random.default_rng(seed).normal(size=shape).astype("float32")
 
 
 def test_standard_layer_checks():
     run_layer_checks(
         MultiHeadAttention,
         {"num_heads": H, "dropout": 0.1},
-        (_random(B, T, D), _random(B, S, D, seed=1)),
+        (random_array(B, T, D), random_array(B, S, D, seed=1)),
         expected_output_shape=(B, T, D),
         expected_num_trainable_weights=8,
         expected_num_params=4 * (D * D + D),
@@ -30,13 +21,13 @@ def test_standard_layer_checks():
 
 def test_matches_numpy_reference():
     layer = MultiHeadAttention(num_heads=H)
-    query, value = _random(B, T, D), _random(B, S, D, seed=1)
+    query, value = random_array(B, T, D), random_array(B, S, D, seed=1)
     mask = np.ones((B, S), bool)
     mask[1, 3:] = False
-    outputs = _np(layer(query, value, padding_mask=mask))
+    outputs = to_numpy(layer(query, value, padding_mask=mask))
 
     def project(dense, x):
-        kernel, bias = (_np(w) for w in dense.weights)
+        kernel, bias = (to_numpy(w) for w in dense.weights)
         return (x @ kernel + bias).reshape(x.shape[0], x.shape[1], H, D // H)
 
     q = project(layer._query_dense, query)
@@ -47,16 +38,16 @@ def test_matches_numpy_reference():
     weights = np.exp(logits - logits.max(-1, keepdims=True))
     weights /= weights.sum(-1, keepdims=True)
     heads = np.einsum("bhts,bshk->bthk", weights, v).reshape(B, T, D)
-    kernel, bias = (_np(w) for w in layer._output_dense.weights)
+    kernel, bias = (to_numpy(w) for w in layer._output_dense.weights)
     np.testing.assert_allclose(outputs, heads @ kernel + bias, rtol=1e-5, atol=1e-5)
 
 
 def test_attention_weights_on_padding_are_exactly_zero():
     layer = MultiHeadAttention(num_heads=H)
     mask = np.array([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]], bool)
-    _, scores = layer(_random(B, T, D), _random(B, S, D), padding_mask=mask,
+    _, scores = layer(random_array(B, T, D), random_array(B, S, D), padding_mask=mask,
                       return_attention_scores=True)
-    scores = _np(scores)
+    scores = to_numpy(scores)
     assert scores.shape == (B, H, T, S)
     assert np.all(scores[0, :, :, 3:] == 0.0)
     assert np.all(scores[0, :, :, :3] > 0.0)
@@ -65,21 +56,21 @@ def test_attention_weights_on_padding_are_exactly_zero():
 
 def test_fused_path_equals_explicit_path():
     layer = MultiHeadAttention(num_heads=H)
-    query, value = _random(B, T, D), _random(B, S, D, seed=1)
+    query, value = random_array(B, T, D), random_array(B, S, D, seed=1)
     mask = np.array([[1, 1, 0, 0, 0], [1, 1, 1, 1, 0]], bool)
     fused = layer(query, value, padding_mask=mask)
     explicit, _ = layer(query, value, padding_mask=mask, return_attention_scores=True)
-    np.testing.assert_allclose(_np(fused), _np(explicit), rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(to_numpy(fused), to_numpy(explicit), rtol=1e-6, atol=1e-6)
 
 
 def test_implicit_keras_mask_equals_explicit_mask():
     ids = np.array([[4, 5, 6, 0, 0], [7, 8, 9, 10, 0]], "int32")
     embedded = PositionalEmbedding(20, D)(ids)  # carries a Keras mask
     layer = MultiHeadAttention(num_heads=H)
-    query = _random(B, T, D)
-    implicit = _np(layer(query, embedded))
-    explicit = _np(layer(query, embedded, padding_mask=ids != 0))
-    unmasked = _np(layer(query, embedded, padding_mask=np.ones_like(ids, bool)))
+    query = random_array(B, T, D)
+    implicit = to_numpy(layer(query, embedded))
+    explicit = to_numpy(layer(query, embedded, padding_mask=ids != 0))
+    unmasked = to_numpy(layer(query, embedded, padding_mask=np.ones_like(ids, bool)))
     np.testing.assert_allclose(implicit, explicit, rtol=1e-6, atol=1e-6)
     assert not np.allclose(implicit, unmasked, atol=1e-4)
 
@@ -89,63 +80,63 @@ def test_attention_mask_and_padding_mask_combine():
     padding = np.array([[1, 1, 1, 1, 0]] * B, bool)
     attention = np.ones((B, T, S), bool)
     attention[:, 0, 1:] = False  # query 0 may only see key 0
-    _, scores = layer(_random(B, T, D), _random(B, S, D), padding_mask=padding,
+    _, scores = layer(random_array(B, T, D), random_array(B, S, D), padding_mask=padding,
                       attention_mask=attention, return_attention_scores=True)
-    scores = _np(scores)
+    scores = to_numpy(scores)
     np.testing.assert_array_equal(scores[:, :, 0, 0], 1.0)
     assert np.all(scores[..., 4] == 0.0)
 
 
 def test_causal_mask_ignores_future_positions():
     layer = MultiHeadAttention(num_heads=H)
-    x = _random(1, T, D)
+    x = random_array(1, T, D)
     changed = x.copy()
     changed[:, -1] += 10.0
-    before = _np(layer(x, x, use_causal_mask=True))
-    after = _np(layer(changed, changed, use_causal_mask=True))
+    before = to_numpy(layer(x, x, use_causal_mask=True))
+    after = to_numpy(layer(changed, changed, use_causal_mask=True))
     np.testing.assert_allclose(before[:, :-1], after[:, :-1], rtol=1e-6, atol=1e-6)
     assert not np.allclose(before[:, -1], after[:, -1])
 
 
 def test_self_attention_cache_step_by_step_equals_full_pass():
     layer = MultiHeadAttention(num_heads=H)
-    x = _random(B, T, D)
-    full = _np(layer(x, x, use_causal_mask=True))
+    x = random_array(B, T, D)
+    full = to_numpy(layer(x, x, use_causal_mask=True))
     cache = ops.zeros((B, 2, T + 2, H, D // H))  # longer than needed: unwritten slots masked
     steps = []
     for index in range(T):
         step = x[:, index:index + 1]
         out, cache = layer(step, step, cache=cache, cache_index=index)
-        steps.append(_np(out))
+        steps.append(to_numpy(out))
     np.testing.assert_allclose(np.concatenate(steps, 1), full, rtol=1e-5, atol=1e-5)
     # The cache holds the projected keys of every position that was fed.
-    keys = _np(layer._key_dense(x)).reshape(B, T, H, D // H)
-    np.testing.assert_allclose(_np(cache)[:, 0, :T], keys, rtol=1e-6, atol=1e-6)
-    np.testing.assert_array_equal(_np(cache)[:, :, T:], 0.0)
+    keys = to_numpy(layer._key_dense(x)).reshape(B, T, H, D // H)
+    np.testing.assert_allclose(to_numpy(cache)[:, 0, :T], keys, rtol=1e-6, atol=1e-6)
+    np.testing.assert_array_equal(to_numpy(cache)[:, :, T:], 0.0)
 
 
 def test_cross_attention_cache_equals_direct_call():
     layer = MultiHeadAttention(num_heads=H)
-    query, memory = _random(B, T, D), _random(B, S, D, seed=3)
+    query, memory = random_array(B, T, D), random_array(B, S, D, seed=3)
     mask = np.array([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]], bool)
-    direct = _np(layer(query, memory, padding_mask=mask))
+    direct = to_numpy(layer(query, memory, padding_mask=mask))
     cache = layer.compute_key_value(memory)
     assert tuple(cache.shape) == (B, 2, S, H, D // H)
     cached, returned = layer(query, None, padding_mask=mask, cache=cache)
-    np.testing.assert_allclose(_np(cached), direct, rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(to_numpy(cached), direct, rtol=1e-6, atol=1e-6)
     assert returned is cache
 
 
 def test_all_padding_row_gives_no_nan():
     layer = MultiHeadAttention(num_heads=H)
     mask = np.zeros((B, S), bool)
-    out = _np(layer(_random(B, T, D), _random(B, S, D), padding_mask=mask))
+    out = to_numpy(layer(random_array(B, T, D), random_array(B, S, D), padding_mask=mask))
     assert np.all(np.isfinite(out))
 
 
 def test_output_arity_follows_arguments():
     layer = MultiHeadAttention(num_heads=H)
-    x = _random(B, T, D)
+    x = random_array(B, T, D)
     assert not isinstance(layer(x, x), tuple)
     assert len(layer(x, x, return_attention_scores=True)) == 2
     cache = ops.zeros((B, 2, T, H, D // H))
@@ -156,6 +147,6 @@ def test_output_arity_follows_arguments():
 
 def test_invalid_heads_raise_value_error_naming_both_numbers():
     with pytest.raises(ValueError, match=r"d_model=10.*num_heads=4"):
-        MultiHeadAttention(num_heads=4)(_random(1, 3, 10), _random(1, 3, 10))
+        MultiHeadAttention(num_heads=4)(random_array(1, 3, 10), random_array(1, 3, 10))
     with pytest.raises(ValueError, match="num_heads"):
         MultiHeadAttention(num_heads=0)
