@@ -4,7 +4,7 @@ import keras
 
 from keras_transformer.layers.feed_forward import FeedForward
 from keras_transformer.layers.multi_head_attention import MultiHeadAttention
-from keras_transformer.layers.utils import clone_initializer
+from keras_transformer.layers.utils import clone_initializer, sublayer_connection
 
 
 class BlockBase(keras.layers.Layer):
@@ -88,6 +88,24 @@ class BlockBase(keras.layers.Layer):
         self._feed_forward_norm, self._feed_forward_dropout = self._build_norm_and_dropout(
             "feed_forward", inputs_shape
         )
+
+    def _sublayer(self, name, inputs, sublayer, training):
+        """Runs `sublayer` inside the residual, dropout and norm built for sub-layer `name`."""
+        return sublayer_connection(
+            inputs,
+            sublayer,
+            getattr(self, f"_{name}_norm"),
+            getattr(self, f"_{name}_dropout"),
+            self.norm_first,
+            training,
+        )
+
+    def _feed_forward_sublayer(self, inputs, training):
+        """The feed-forward sub-layer with its residual, dropout and norm."""
+        outputs, _ = self._sublayer(
+            "feed_forward", inputs, lambda h: self._feed_forward(h, training=training), training
+        )
+        return outputs
 
     def compute_output_shape(self, inputs_shape, *args, **kwargs):
         return inputs_shape

@@ -4,7 +4,6 @@ import keras
 
 from keras_transformer.layers import masking
 from keras_transformer.layers.block_base import BlockBase
-from keras_transformer.layers.utils import sublayer_connection
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
@@ -135,18 +134,9 @@ class DecoderBlock(BlockBase):
                 training=training,
             )
 
-        x, self_extras = sublayer_connection(
-            inputs, self_attend, self._self_attention_norm, self._self_attention_dropout,
-            self.norm_first, training,
-        )
-        x, cross_extras = sublayer_connection(
-            x, cross_attend, self._cross_attention_norm, self._cross_attention_dropout,
-            self.norm_first, training,
-        )
-        x, _ = sublayer_connection(
-            x, lambda h: self._feed_forward(h, training=training), self._feed_forward_norm,
-            self._feed_forward_dropout, self.norm_first, training,
-        )
+        x, self_extras = self._sublayer("self_attention", inputs, self_attend, training)
+        x, cross_extras = self._sublayer("cross_attention", x, cross_attend, training)
+        x = self._feed_forward_sublayer(x, training)
         results = (x,)
         if return_attention_scores:
             results += ({"self_attention": self_extras[0], "cross_attention": cross_extras[0]},)

@@ -4,7 +4,6 @@ import keras
 
 from keras_transformer.layers import masking
 from keras_transformer.layers.block_base import BlockBase
-from keras_transformer.layers.utils import sublayer_connection
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
@@ -76,12 +75,6 @@ class EncoderBlock(BlockBase):
                 training=training,
             )
 
-        x, extras = sublayer_connection(
-            inputs, attend, self._self_attention_norm, self._self_attention_dropout,
-            self.norm_first, training,
-        )
-        x, _ = sublayer_connection(
-            x, lambda h: self._feed_forward(h, training=training), self._feed_forward_norm,
-            self._feed_forward_dropout, self.norm_first, training,
-        )
+        x, extras = self._sublayer("self_attention", inputs, attend, training)
+        x = self._feed_forward_sublayer(x, training)
         return (x,) + extras if return_attention_scores else x

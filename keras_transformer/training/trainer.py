@@ -13,7 +13,6 @@ import time
 
 import keras
 import numpy as np
-import tensorflow as tf
 
 from keras_transformer.data import compare_padding, load_multi30k, make_translation_dataset
 from keras_transformer.model import build_transformer
@@ -256,4 +255,3 @@ def training_tokens_per_second(model, dataset, steps=20, warmup_steps=3):
 
 __all__ = ["TrainingRun", "build_model", "compile_model", "make_datasets",
            "prepare_tokenizers", "train", "training_tokens_per_second"]
-_ = tf  # tf.data pipelines above come from keras_transformer.data
