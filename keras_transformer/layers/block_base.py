@@ -49,12 +49,13 @@ class BlockBase(keras.layers.Layer):
     def _attention_dropout_rate(self):
         return self.dropout if self.attention_dropout is None else self.attention_dropout
 
-    def _sublayer_kwargs(self):
-        """Fresh initializers and the block's dtype policy for one sublayer."""
+    def _sublayer_kwargs(self, name):
+        """The name, fresh initializers (own seeds) and dtype policy of the sublayer `name`."""
         return dict(
-            kernel_initializer=clone_initializer(self.kernel_initializer),
-            bias_initializer=clone_initializer(self.bias_initializer),
+            kernel_initializer=clone_initializer(self.kernel_initializer, name),
+            bias_initializer=clone_initializer(self.bias_initializer, name),
             dtype=self.dtype_policy,
+            name=name,
         )
 
     def _build_norm_and_dropout(self, name, inputs_shape):
@@ -70,8 +71,7 @@ class BlockBase(keras.layers.Layer):
         attention = MultiHeadAttention(
             self.num_heads,
             dropout=self._attention_dropout_rate,
-            name=name,
-            **self._sublayer_kwargs(),
+            **self._sublayer_kwargs(name),
         )
         attention.build(query_shape, value_shape)
         setattr(self, f"_{name}", attention)
@@ -82,7 +82,7 @@ class BlockBase(keras.layers.Layer):
     def _build_feed_forward(self, inputs_shape):
         """The feed-forward sub-layer with its norm and dropout."""
         self._feed_forward = FeedForward(
-            self.ff_dim, activation=self.activation, name="feed_forward", **self._sublayer_kwargs()
+            self.ff_dim, activation=self.activation, **self._sublayer_kwargs("feed_forward")
         )
         self._feed_forward.build(inputs_shape)
         self._feed_forward_norm, self._feed_forward_dropout = self._build_norm_and_dropout(

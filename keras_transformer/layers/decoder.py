@@ -46,7 +46,7 @@ class Decoder(Encoder):
     def build(self, inputs_shape, encoder_outputs_shape=None):
         self.blocks = []
         for index in range(self.num_layers):
-            block = DecoderBlock(name=f"block_{index}", **self._block_kwargs())
+            block = DecoderBlock(**self._block_kwargs(f"block_{index}"))
             block.build(inputs_shape, encoder_outputs_shape)
             self.blocks.append(block)
         self._build_final_norm(inputs_shape)

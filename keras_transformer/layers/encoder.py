@@ -49,7 +49,7 @@ class Encoder(BlockBase):
             raise ValueError(f"`num_layers` must be a positive integer, got num_layers={num_layers}.")
         self.num_layers = num_layers
 
-    def _block_kwargs(self):
+    def _block_kwargs(self, name):
         return dict(
             num_heads=self.num_heads,
             ff_dim=self.ff_dim,
@@ -58,9 +58,10 @@ class Encoder(BlockBase):
             activation=self.activation,
             norm_first=self.norm_first,
             layer_norm_epsilon=self.layer_norm_epsilon,
-            kernel_initializer=clone_initializer(self.kernel_initializer),
-            bias_initializer=clone_initializer(self.bias_initializer),
+            kernel_initializer=clone_initializer(self.kernel_initializer, name),
+            bias_initializer=clone_initializer(self.bias_initializer, name),
             dtype=self.dtype_policy,
+            name=name,
         )
 
     def _build_final_norm(self, inputs_shape):
@@ -74,7 +75,7 @@ class Encoder(BlockBase):
     def build(self, inputs_shape):
         self.blocks = []
         for index in range(self.num_layers):
-            block = EncoderBlock(name=f"block_{index}", **self._block_kwargs())
+            block = EncoderBlock(**self._block_kwargs(f"block_{index}"))
             block.build(inputs_shape)
             self.blocks.append(block)
         self._build_final_norm(inputs_shape)

@@ -62,8 +62,8 @@ class FeedForward(keras.layers.Layer):
         self._inner_dense = keras.layers.Dense(
             self.ff_dim,
             activation=self.activation,
-            kernel_initializer=clone_initializer(self.kernel_initializer),
-            bias_initializer=clone_initializer(self.bias_initializer),
+            kernel_initializer=clone_initializer(self.kernel_initializer, "inner_dense"),
+            bias_initializer=clone_initializer(self.bias_initializer, "inner_dense"),
             dtype=self.dtype_policy,
             name="inner_dense",
         )
@@ -71,8 +71,8 @@ class FeedForward(keras.layers.Layer):
         self._dropout_layer = keras.layers.Dropout(self.dropout, dtype=self.dtype_policy)
         self._output_dense = keras.layers.Dense(
             d_model,
-            kernel_initializer=clone_initializer(self.kernel_initializer),
-            bias_initializer=clone_initializer(self.bias_initializer),
+            kernel_initializer=clone_initializer(self.kernel_initializer, "output_dense"),
+            bias_initializer=clone_initializer(self.bias_initializer, "output_dense"),
             dtype=self.dtype_policy,
             name="output_dense",
         )

@@ -95,12 +95,12 @@ class MultiHeadAttention(keras.layers.Layer):
 
     def _dense(self, units, name):
         # Plain `Dense` projections (they pass Keras masks through quietly); each gets its own
-        # initializer instance, so no two share one object.
+        # initializer instance (with its own seed when seeded), so no two share values.
         return keras.layers.Dense(
             units,
             use_bias=self.use_bias,
-            kernel_initializer=clone_initializer(self.kernel_initializer),
-            bias_initializer=clone_initializer(self.bias_initializer),
+            kernel_initializer=clone_initializer(self.kernel_initializer, name),
+            bias_initializer=clone_initializer(self.bias_initializer, name),
             dtype=self.dtype_policy,
             name=name,
         )

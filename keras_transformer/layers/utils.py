@@ -1,9 +1,41 @@
 """Small helpers shared by the layers."""
 
+import zlib
 
-def clone_initializer(initializer):
-    """A fresh initializer with the same config, so sublayers never share one instance."""
-    return initializer.__class__.from_config(initializer.get_config())
+# Derived seeds stay below 2**31, a valid seed for every backend's random ops.
+_SEED_MODULUS = 2**31
+
+
+def derive_seed(seed, name):
+    """A seed for the sub-layer `name` of a layer seeded with int `seed`, stable run to run.
+
+    Uses CRC-32, not `hash()`, whose value for a `str` changes from process to process.
+    """
+    return zlib.crc32(f"{seed}/{name}".encode("utf-8")) % _SEED_MODULUS
+
+
+def clone_initializer(initializer, name):
+    """A fresh copy of `initializer` for the sub-layer `name`.
+
+    Sub-layers never share one instance, and a seeded initializer (an int seed or a
+    `keras.random.SeedGenerator`) gets a seed derived from its own and from `name`: a copy
+    with the same seed would give every projection of the same shape the same values. An
+    unseeded initializer stays unseeded (each call draws fresh values anyway).
+
+    Args:
+        initializer: a `keras.initializers.Initializer`.
+        name: str, the sub-layer's name, unique among its siblings (such as `"query"`).
+
+    Returns:
+        A new initializer of the same class and config, with a derived seed if seeded.
+    """
+    config = initializer.get_config()
+    seed = config.get("seed")
+    if isinstance(seed, dict):  # a serialized `SeedGenerator`: its initial seed
+        seed = seed.get("config", {}).get("seed")
+    if isinstance(seed, int) and not isinstance(seed, bool):
+        config["seed"] = derive_seed(seed, name)
+    return initializer.__class__.from_config(config)
 
 
 def sublayer_connection(inputs, sublayer, norm, dropout, norm_first, training=None):

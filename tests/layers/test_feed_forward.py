@@ -25,10 +25,18 @@ def test_computes_relu_network_per_position():
     np.testing.assert_allclose(out, np.maximum(x @ w1 + b1, 0) @ w2 + b2, rtol=1e-5, atol=1e-5)
 
 
-def test_sublayers_get_their_own_initializers():
-    layer = FeedForward(ff_dim=16, kernel_initializer=keras.initializers.GlorotUniform(seed=3))
-    layer.build((2, 4, 8))
-    assert layer._inner_dense.kernel_initializer is not layer._output_dense.kernel_initializer
+def test_a_seeded_initializer_gives_each_kernel_its_own_values():
+    def kernels():
+        layer = FeedForward(ff_dim=16, kernel_initializer=keras.initializers.GlorotUniform(seed=3))
+        layer.build((2, 4, 8))
+        return [keras.ops.convert_to_numpy(d.kernel) for d in (layer._inner_dense, layer._output_dense)]
+
+    inner, output = kernels()
+    # (8, 16) and (16, 8) kernels from one seed would hold the same values in the same order.
+    assert not np.array_equal(inner.ravel(), output.ravel())
+    again = kernels()
+    np.testing.assert_array_equal(again[0], inner)  # and the seed still fixes them
+    np.testing.assert_array_equal(again[1], output)
 
 
 def test_invalid_ff_dim_raises():
