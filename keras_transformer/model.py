@@ -234,8 +234,14 @@ class TransformerParts:
         return memory, memory_mask
 
     def initial_cache(self, memory, memory_mask, max_length):
-        """The decoding cache: empty self-attention caches, cross keys/values, memory mask."""
-        self_cache, cross_cache = self.decoder.initialize_cache(memory, max_length)
+        """The decoding cache: empty self-attention caches, cross keys/values, memory mask.
+
+        The decoder's own cache (see `Decoder.initialize_cache`) as a dict, so the searches
+        see named parts.
+        """
+        self_cache, cross_cache, memory_mask = self.decoder.initialize_cache(
+            memory, max_length, encoder_padding_mask=memory_mask
+        )
         return {"self": self_cache, "cross": cross_cache, "memory_mask": memory_mask}
 
     def project(self, hidden):
@@ -249,16 +255,16 @@ class TransformerParts:
     def next_logits(self, tokens, cache, index):
         """One cached decoder step: `tokens` `(N, 1)` at position `index` -> logits `(N, V)`."""
         embedded = self.target_embedding(tokens, start_index=index, training=False)
-        hidden, (self_cache, cross_cache) = self.decoder(
+        # The memory's padding mask travels in the decoder's cache.
+        hidden, (self_cache, cross_cache, memory_mask) = self.decoder(
             embedded,
             None,
-            encoder_padding_mask=cache["memory_mask"],
-            cache=(cache["self"], cache["cross"]),
+            cache=(cache["self"], cache["cross"], cache["memory_mask"]),
             cache_index=index,
             training=False,
         )
         logits = self.project(hidden[:, -1])
-        return logits, {"self": self_cache, "cross": cross_cache, "memory_mask": cache["memory_mask"]}
+        return logits, {"self": self_cache, "cross": cross_cache, "memory_mask": memory_mask}
 
     def full_logits(self, decoder_tokens, memory, memory_mask):
         """Uncached reference: logits `(B, T, V)` for a whole prefix, recomputed from scratch."""

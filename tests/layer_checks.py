@@ -77,3 +77,70 @@ def run_layer_checks(
                  if np.array_equal(b, a)]
     assert not unchanged, f"weights not updated by one fit step: {unchanged}"
     return layer
+
+
+def _symbolic_like(x):
+    """A `keras.Input` with the shape (batch included) and dtype of array `x`."""
+    return keras.Input(shape=x.shape[1:], batch_size=x.shape[0], dtype=str(x.dtype))
+
+
+def assert_symbolic_call_matches_eager(layer, inputs, call_kwargs=None):
+    """A symbolic call returns the same nest of tensors as an eager call of the same layer.
+
+    The structure (tuples, lists, dicts), every dtype and every statically known dimension
+    must agree; a dimension the symbolic call leaves `None` may be anything eagerly.
+
+    Args:
+        layer: a layer instance (built by the eager call if not yet built).
+        inputs: a NumPy array, or a tuple of arrays passed positionally.
+        call_kwargs: dict of extra call keyword arguments (tensors in it stay eager).
+    """
+    call_kwargs = call_kwargs or {}
+    inputs = inputs if isinstance(inputs, tuple) else (inputs,)
+    eager = layer(*inputs, **call_kwargs)
+    symbolic = layer(*[_symbolic_like(x) for x in inputs], **call_kwargs)
+    keras.tree.assert_same_structure(eager, symbolic)
+    for eager_tensor, symbolic_tensor in zip(keras.tree.flatten(eager), keras.tree.flatten(symbolic)):
+        assert isinstance(symbolic_tensor, keras.KerasTensor), type(symbolic_tensor)
+        eager_dtype = keras.backend.standardize_dtype(eager_tensor.dtype)
+        assert symbolic_tensor.dtype == eager_dtype, (symbolic_tensor, eager_dtype)
+        assert len(symbolic_tensor.shape) == len(eager_tensor.shape), (symbolic_tensor, eager_tensor)
+        for static, actual in zip(symbolic_tensor.shape, eager_tensor.shape):
+            assert static is None or static == actual, (symbolic_tensor.shape, eager_tensor.shape)
+
+
+def assert_functional_model_round_trip(layer_cls, init_kwargs, inputs, call_kwargs, path):
+    """A functional model with every output of one call builds, fits, saves and reloads.
+
+    The model outputs the flattened nest the layer returns (for instance `[outputs,
+    scores]`); one `fit` step trains on the first output; the `.keras` file at `path` must
+    load with `safe_mode=True` and give identical outputs.
+
+    Args:
+        layer_cls: the layer class.
+        init_kwargs: dict of constructor arguments.
+        inputs: a NumPy array, or a tuple of arrays passed positionally.
+        call_kwargs: dict of call keyword arguments that ask for extra outputs.
+        path: where to write the `.keras` file.
+
+    Returns:
+        The list of the reloaded model's outputs on `inputs`.
+    """
+    inputs = inputs if isinstance(inputs, tuple) else (inputs,)
+    symbolic_inputs = [_symbolic_like(x) for x in inputs]
+    outputs = keras.tree.flatten(layer_cls(**init_kwargs)(*symbolic_inputs, **call_kwargs))
+    assert len(outputs) > 1, "the call asked for extra outputs but returned one tensor"
+    model = keras.Model(symbolic_inputs, outputs)
+    model.compile(optimizer=keras.optimizers.SGD(0.1), loss=["mse"] + [None] * (len(outputs) - 1))
+    target = random_array(*inputs[0].shape[:-1], outputs[0].shape[-1], seed=3)
+    before = [to_numpy(w).copy() for w in model.trainable_weights]
+    model.fit(list(inputs), target, epochs=1, batch_size=inputs[0].shape[0], verbose=0)
+    assert any(not np.array_equal(b, to_numpy(w)) for b, w in zip(before, model.trainable_weights))
+    model.save(path)
+    reloaded = keras.saving.load_model(path, safe_mode=True)
+    expected = model.predict(list(inputs), verbose=0)
+    actual = reloaded.predict(list(inputs), verbose=0)
+    assert len(actual) == len(expected) == len(outputs)
+    for a, e in zip(actual, expected):
+        np.testing.assert_array_equal(a, e)
+    return actual

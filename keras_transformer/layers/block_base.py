@@ -110,6 +110,26 @@ class BlockBase(keras.layers.Layer):
     def compute_output_shape(self, inputs_shape, *args, **kwargs):
         return inputs_shape
 
+    def _outputs_spec(self, inputs):
+        """The spec of the hidden states a block or stack returns for `inputs` `(B, T, d)`."""
+        return keras.KerasTensor(tuple(inputs.shape), dtype=self.compute_dtype)
+
+    def _scores_spec(self, inputs, key_length):
+        """The spec of float32 attention scores `(B, H, T, key_length)` for `inputs`."""
+        shape = (inputs.shape[0], self.num_heads, inputs.shape[1], key_length)
+        return keras.KerasTensor(shape, dtype="float32")
+
+    def _decoder_scores_spec(self, inputs, memory_length, cached):
+        """The spec of a decoder block's scores dict (see `DecoderBlock`).
+
+        With a cache the self-attention covers the written part of the cache, whose length
+        is known only when the call runs.
+        """
+        return {
+            "self_attention": self._scores_spec(inputs, None if cached else inputs.shape[1]),
+            "cross_attention": self._scores_spec(inputs, memory_length),
+        }
+
     def get_config(self):
         config = super().get_config()
         config.update(
@@ -126,3 +146,20 @@ class BlockBase(keras.layers.Layer):
             }
         )
         return config
+
+
+def unpack_decoder_cache(cache):
+    """`(self_attention_cache(s), cross_attention_cache(s), encoder_padding_mask)`, checked."""
+    if not isinstance(cache, (tuple, list)) or len(cache) != 3:
+        raise ValueError(
+            "A decoder cache is `(self_attention_cache, cross_attention_cache, "
+            "encoder_padding_mask)` as returned by `initialize_cache`, got "
+            f"{type(cache).__name__} {cache!r:.200}."
+        )
+    return tuple(cache)
+
+
+def spec_like(tensor):
+    """A `KerasTensor` with the shape and dtype of `tensor`."""
+    dtype = keras.backend.standardize_dtype(tensor.dtype)
+    return keras.KerasTensor(tuple(tensor.shape), dtype=dtype)

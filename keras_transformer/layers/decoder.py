@@ -3,6 +3,7 @@
 import keras
 
 from keras_transformer.layers import masking
+from keras_transformer.layers.block_base import spec_like, unpack_decoder_cache
 from keras_transformer.layers.decoder_block import DecoderBlock
 from keras_transformer.layers.encoder import Encoder
 
@@ -15,18 +16,21 @@ class Decoder(Encoder):
     with `norm_first=True` a final `LayerNormalization` follows the stack.
 
     Incremental decoding: `initialize_cache(encoder_outputs, max_length)` returns the stack's
-    cache `(self_attention_caches, cross_attention_caches)`, two tuples with one tensor per
-    block, `(B, 2, T_max, H, d_k)` and `(B, 2, S, H, d_k)`; each call with `cache` and
-    `cache_index` decodes the positions `cache_index ..` and returns the updated cache.
-    Cached step-by-step decoding gives the same outputs as the full forward pass. (Per-block
-    tensors rather than one stacked `(B, L, ...)` tensor: a step then copies no cache to
-    slice a block's part out or to stack the parts back.)
+    cache `(self_attention_caches, cross_attention_caches, encoder_padding_mask)`: two tuples
+    with one tensor per block, `(B, 2, T_max, H, d_k)` and `(B, 2, S, H, d_k)`, and the
+    memory's padding mask, bool `(B, S)`, which travels with the cache so that cached steps
+    with `encoder_outputs=None` hide padded source positions without being told again. Each
+    call with `cache` and `cache_index` decodes the positions `cache_index ..` and returns the
+    updated cache. Cached step-by-step decoding gives the same outputs as the full forward
+    pass. (Per-block tensors rather than one stacked `(B, L, ...)` tensor: a step then copies
+    no cache to slice a block's part out or to stack the parts back.)
 
     Call arguments:
         inputs: `(B, T, d_model)` target embeddings.
         encoder_outputs: `(B, S, d_model)`, the memory; may be `None` with a cache.
         padding_mask: bool `(B, T)`; defaults to the Keras mask of `inputs`.
-        encoder_padding_mask: bool `(B, S)`; defaults to the Keras mask of `encoder_outputs`.
+        encoder_padding_mask: bool `(B, S)`; defaults to the Keras mask of `encoder_outputs`,
+            or with a cache to the mask the cache carries.
         cache: the stack's cache tuple, see above.
         cache_index: int scalar, position of `inputs[:, 0]`.
         return_attention_scores: bool. Defaults to `False`.
@@ -35,7 +39,7 @@ class Decoder(Encoder):
     Returns:
         `(B, T, d_model)` hidden states (without a Keras mask: the loss masks by label);
         with `return_attention_scores=True` also a list of per-block score dicts; with a cache,
-        the updated cache last.
+        the updated cache last. Symbolic (functional API) calls return the same structure.
 
     Example:
     >>> decoder = Decoder(num_layers=2, num_heads=2, ff_dim=16)
@@ -52,21 +56,29 @@ class Decoder(Encoder):
         self._build_final_norm(inputs_shape)
         self.built = True
 
-    def initialize_cache(self, encoder_outputs, max_length):
-        """Empty self-attention caches and the cross-attention keys/values of every block.
+    def initialize_cache(self, encoder_outputs, max_length, encoder_padding_mask=None):
+        """Empty self-attention caches, every block's cross-attention keys/values, the mask.
 
         Args:
             encoder_outputs: `(B, S, d_model)`.
             max_length: int, decoder positions the cache holds (T_max).
+            encoder_padding_mask: bool `(B, S)`, `True` for real source tokens. Defaults to
+                the Keras mask of `encoder_outputs`, else no padding.
 
         Returns:
-            `(self_attention_caches, cross_attention_caches)`: tuples of `L` tensors,
-            `(B, 2, T_max, H, d_k)` zeros and `(B, 2, S, H, d_k)`.
+            `(self_attention_caches, cross_attention_caches, encoder_padding_mask)`: tuples of
+            `L` tensors, `(B, 2, T_max, H, d_k)` zeros and `(B, 2, S, H, d_k)`, and bool
+            `(B, S)`.
         """
-        caches = [block.initialize_cache(encoder_outputs, max_length) for block in self.blocks]
+        mask = masking.memory_padding_mask(encoder_outputs, encoder_padding_mask)
+        caches = [
+            block.initialize_cache(encoder_outputs, max_length, encoder_padding_mask=mask)
+            for block in self.blocks
+        ]
         return (
-            tuple(self_cache for self_cache, _ in caches),
-            tuple(cross_cache for _, cross_cache in caches),
+            tuple(self_cache for self_cache, _, _ in caches),
+            tuple(cross_cache for _, cross_cache, _ in caches),
+            mask,
         )
 
     def call(
@@ -80,13 +92,15 @@ class Decoder(Encoder):
         return_attention_scores=False,
         training=None,
     ):
+        if cache is not None:
+            cache = unpack_decoder_cache(cache)
         if padding_mask is None and cache is None:
             padding_mask = masking.keras_mask(inputs)
         if encoder_padding_mask is None and encoder_outputs is not None:
             encoder_padding_mask = masking.keras_mask(encoder_outputs)
         x, scores, self_caches = inputs, [], []
         for index, block in enumerate(self.blocks):
-            block_cache = None if cache is None else (cache[0][index], cache[1][index])
+            block_cache = None if cache is None else (cache[0][index], cache[1][index], cache[2])
             outputs = block(
                 x,
                 encoder_outputs,
@@ -110,7 +124,38 @@ class Decoder(Encoder):
         if return_attention_scores:
             results += (scores,)
         if cache is not None:
-            results += ((tuple(self_caches), tuple(cache[1])),)
+            results += ((tuple(self_caches), tuple(cache[1]), cache[2]),)
+        return results[0] if len(results) == 1 else results
+
+    def compute_output_spec(
+        self,
+        inputs,
+        encoder_outputs=None,
+        padding_mask=None,
+        encoder_padding_mask=None,
+        cache=None,
+        cache_index=None,
+        return_attention_scores=False,
+        training=None,
+    ):
+        # The same structure as `call`, so symbolic (functional) calls match eager ones.
+        results = (self._outputs_spec(inputs),)
+        if return_attention_scores:
+            if cache is None:
+                memory_length = encoder_outputs.shape[1]
+            else:
+                memory_length = unpack_decoder_cache(cache)[1][0].shape[2]
+            scores = self._decoder_scores_spec(inputs, memory_length, cache is not None)
+            results += ([dict(scores) for _ in range(self.num_layers)],)
+        if cache is not None:
+            self_caches, cross_caches, mask = unpack_decoder_cache(cache)
+            results += (
+                (
+                    tuple(spec_like(part) for part in self_caches),
+                    tuple(spec_like(part) for part in cross_caches),
+                    spec_like(mask),
+                ),
+            )
         return results[0] if len(results) == 1 else results
 
     def compute_mask(self, inputs, mask=None):

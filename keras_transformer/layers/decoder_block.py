@@ -3,7 +3,7 @@
 import keras
 
 from keras_transformer.layers import masking
-from keras_transformer.layers.block_base import BlockBase
+from keras_transformer.layers.block_base import BlockBase, spec_like, unpack_decoder_cache
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
@@ -18,12 +18,13 @@ class DecoderBlock(BlockBase):
     positions given by `encoder_padding_mask` `(B, S)`. Without explicit masks, the Keras masks
     of `inputs` and `encoder_outputs` are used. The output keeps the input's Keras mask.
 
-    Incremental decoding: pass `cache = (self_attention_cache, cross_attention_cache)` with
-    shapes `(B, 2, T_max, H, d_k)` and `(B, 2, S, H, d_k)` and `cache_index`, the position of
-    `inputs[:, 0]`. The self-attention keys/values of the new positions are written into the
-    cache; the cross-attention keys/values come from the cache (see `initialize_cache`), so
-    `encoder_outputs` may be `None`; `padding_mask` is not used (decoded tokens are never
-    padding) but `encoder_padding_mask` is.
+    Incremental decoding: pass `cache = (self_attention_cache, cross_attention_cache,
+    encoder_padding_mask)` with shapes `(B, 2, T_max, H, d_k)`, `(B, 2, S, H, d_k)` and bool
+    `(B, S)`, made by `initialize_cache`, and `cache_index`, the position of `inputs[:, 0]`.
+    The self-attention keys/values of the new positions are written into the cache; the
+    cross-attention keys/values come from the cache, so `encoder_outputs` may be `None`, and
+    so does the memory's padding mask (an `encoder_padding_mask` argument, if given, is used
+    instead). `padding_mask` is not used (decoded tokens are never padding).
 
     Args: the same as `EncoderBlock`.
         num_heads: int, attention heads.
@@ -44,15 +45,17 @@ class DecoderBlock(BlockBase):
         encoder_padding_mask: bool `(B, S)`, `True` for real source tokens.
         attention_mask: bool `(B, T, T)`, extra mask for self-attention.
         use_causal_mask: bool, look-ahead mask on self-attention. Defaults to `True`.
-        cache: tuple `(self_attention_cache, cross_attention_cache)`, see above.
+        cache: tuple `(self_attention_cache, cross_attention_cache, encoder_padding_mask)`,
+            see above.
         cache_index: int scalar, position of the first input token in the cache.
         return_attention_scores: bool. Defaults to `False`.
         training: bool, whether dropout is active.
 
     Returns:
-        `outputs` `(B, T, d_model)`; with `return_attention_scores=True` also a dict
-        `{"self_attention": (B, H, T, T'), "cross_attention": (B, H, T, S)}`; with a cache,
-        the updated cache tuple last.
+        `outputs` `(B, T, d_model)`; with `return_attention_scores=True` also a dict of float32
+        scores `{"self_attention": (B, H, T, T'), "cross_attention": (B, H, T, S)}`; with a
+        cache, the updated cache tuple last. Symbolic (functional API) calls return the same
+        structure.
 
     Example:
     >>> block = DecoderBlock(num_heads=2, ff_dim=16)
@@ -69,20 +72,23 @@ class DecoderBlock(BlockBase):
         self._build_feed_forward(inputs_shape)
         self.built = True
 
-    def initialize_cache(self, encoder_outputs, max_length):
-        """An empty self-attention cache and the cross-attention keys/values of the memory.
+    def initialize_cache(self, encoder_outputs, max_length, encoder_padding_mask=None):
+        """An empty self-attention cache, the memory's cross-attention keys/values and mask.
 
         Args:
             encoder_outputs: `(B, S, d_model)`.
             max_length: int, the number of decoder positions the cache holds (T_max).
+            encoder_padding_mask: bool `(B, S)`, `True` for real source tokens. Defaults to
+                the Keras mask of `encoder_outputs`, else no padding.
 
         Returns:
             `(self_attention_cache (B, 2, T_max, H, d_k) zeros,
-            cross_attention_cache (B, 2, S, H, d_k))`.
+            cross_attention_cache (B, 2, S, H, d_k), encoder_padding_mask bool (B, S))`.
         """
+        mask = masking.memory_padding_mask(encoder_outputs, encoder_padding_mask)
         cross = self._cross_attention.compute_key_value(encoder_outputs)
         shape = (keras.ops.shape(encoder_outputs)[0], 2, max_length) + tuple(cross.shape[3:])
-        return keras.ops.zeros(shape, dtype=cross.dtype), cross
+        return keras.ops.zeros(shape, dtype=cross.dtype), cross, mask
 
     def call(
         self,
@@ -106,8 +112,10 @@ class DecoderBlock(BlockBase):
         else:
             if cache_index is None:
                 raise ValueError("`cache_index` is required when a cache is passed.")
-            self_cache, cross_cache = cache
+            self_cache, cross_cache, cached_mask = unpack_decoder_cache(cache)
             padding_mask = None  # decoded tokens are never padding
+            if encoder_padding_mask is None:
+                encoder_padding_mask = cached_mask
         if encoder_padding_mask is None and encoder_outputs is not None:
             encoder_padding_mask = masking.keras_mask(encoder_outputs)
 
@@ -141,5 +149,30 @@ class DecoderBlock(BlockBase):
         if return_attention_scores:
             results += ({"self_attention": self_extras[0], "cross_attention": cross_extras[0]},)
         if cache is not None:
-            results += ((self_extras[-1], cross_cache),)
+            results += ((self_extras[-1], cross_cache, cached_mask),)
+        return results[0] if len(results) == 1 else results
+
+    def compute_output_spec(
+        self,
+        inputs,
+        encoder_outputs=None,
+        padding_mask=None,
+        encoder_padding_mask=None,
+        attention_mask=None,
+        use_causal_mask=True,
+        cache=None,
+        cache_index=None,
+        return_attention_scores=False,
+        training=None,
+    ):
+        # The same structure as `call`, so symbolic (functional) calls match eager ones.
+        results = (self._outputs_spec(inputs),)
+        if return_attention_scores:
+            if cache is None:
+                memory_length = encoder_outputs.shape[1]
+            else:
+                memory_length = unpack_decoder_cache(cache)[1].shape[2]
+            results += (self._decoder_scores_spec(inputs, memory_length, cache is not None),)
+        if cache is not None:
+            results += (tuple(spec_like(part) for part in unpack_decoder_cache(cache)),)
         return results[0] if len(results) == 1 else results

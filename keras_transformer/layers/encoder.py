@@ -36,7 +36,8 @@ class Encoder(BlockBase):
 
     Returns:
         `(B, S, d_model)` memory (carrying the input's Keras mask), or `(memory, scores)` with
-        `return_attention_scores=True`, `scores` a list of `(B, H, S, S)`, one per block.
+        `return_attention_scores=True`, `scores` a list of float32 `(B, H, S, S)`, one per
+        block; symbolic (functional API) calls return the same structure.
 
     Example:
     >>> Encoder(num_layers=2, num_heads=2, ff_dim=16)(keras.random.normal((2, 4, 8))).shape
@@ -98,6 +99,16 @@ class Encoder(BlockBase):
         if self._final_norm is not None:
             x = self._final_norm(x)
         return (x, scores) if return_attention_scores else x
+
+    def compute_output_spec(
+        self, inputs, padding_mask=None, return_attention_scores=False, training=None
+    ):
+        # The same structure as `call`, so symbolic (functional) calls match eager ones.
+        outputs = self._outputs_spec(inputs)
+        if return_attention_scores:
+            scores = [self._scores_spec(inputs, inputs.shape[1]) for _ in range(self.num_layers)]
+            return outputs, scores
+        return outputs
 
     def get_config(self):
         config = super().get_config()

@@ -38,8 +38,8 @@ class EncoderBlock(BlockBase):
         training: bool, whether dropout is active.
 
     Returns:
-        `(B, S, d_model)`, or `(outputs, scores (B, H, S, S))` with
-        `return_attention_scores=True`.
+        `(B, S, d_model)`, or `(outputs, scores)` with `return_attention_scores=True`
+        (`scores` float32 `(B, H, S, S)`), symbolically as eagerly.
 
     Example:
     >>> EncoderBlock(num_heads=2, ff_dim=16)(keras.random.normal((2, 4, 8))).shape
@@ -78,3 +78,17 @@ class EncoderBlock(BlockBase):
         x, extras = self._sublayer("self_attention", inputs, attend, training)
         x = self._feed_forward_sublayer(x, training)
         return (x,) + extras if return_attention_scores else x
+
+    def compute_output_spec(
+        self,
+        inputs,
+        padding_mask=None,
+        attention_mask=None,
+        return_attention_scores=False,
+        training=None,
+    ):
+        # The same structure as `call`, so symbolic (functional) calls match eager ones.
+        outputs = self._outputs_spec(inputs)
+        if return_attention_scores:
+            return outputs, self._scores_spec(inputs, inputs.shape[1])
+        return outputs

@@ -79,6 +79,24 @@ def padding_mask_from_ids(token_ids, pad_id=0):
     return ops.not_equal(token_ids, pad_id)
 
 
+def memory_padding_mask(memory, padding_mask=None):
+    """The padding mask of a memory `(B, S, d)` as a bool `(B, S)` tensor, never `None`.
+
+    Args:
+        memory: `(B, S, d)`, such as the encoder's output.
+        padding_mask: bool or int `(B, S)` or `None`, `True`/non-zero for real positions.
+
+    Returns:
+        `padding_mask` if given, else the Keras mask of `memory`, else all `True`: a tensor in
+        every case, so a cache that holds it has the same structure whatever the source.
+    """
+    if padding_mask is None:
+        padding_mask = keras_mask(memory)
+    if padding_mask is None:
+        return ops.ones(ops.shape(memory)[:2], dtype="bool")
+    return ops.cast(padding_mask, "bool")
+
+
 def keras_mask(x):
     """The Keras mask carried by `x` (set by a masking layer such as `PositionalEmbedding`)."""
     return None if x is None else _get_keras_mask(x)

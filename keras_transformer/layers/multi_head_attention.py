@@ -21,8 +21,12 @@ class MultiHeadAttention(keras.layers.Layer):
     query/key pair, `use_causal_mask=True` hides future keys; they are combined with a logical
     AND. When `padding_mask` is not given, the Keras mask of `value` (set by
     `PositionalEmbedding` for padding id 0) is used. Masked logits get a large finite negative,
-    so masked keys get exactly zero weight and an all-masked row gives no NaN. Attention logits
-    and the softmax are computed in float32 under any dtype policy.
+    so masked keys get exactly zero weight and an all-masked row gives no NaN.
+
+    Precision: under any dtype policy the logits `Q K^T` are computed in float32 (the
+    projections are cast before the product, not the product after it), and so are the
+    masking and the softmax; the returned scores are float32. The projections and the
+    weighted sum of values run in the layer's compute dtype.
 
     Caching for incremental decoding:
     - self-attention: pass `cache` `(B, 2, T_max, H, d_k)` (keys at `[:, 0]`, values at
@@ -31,7 +35,9 @@ class MultiHeadAttention(keras.layers.Layer):
       the written part of the cache (positions `< cache_index + T`) with a look-ahead mask
       offset by `cache_index`. Returns the updated cache.
     - cross-attention: pass `cache` from `compute_key_value(encoder_outputs)` and no
-      `cache_index`; the cached keys/values are used as they are and `value`/`key` are ignored.
+      `cache_index`; the cached keys/values are used as they are and `value`/`key` are ignored,
+      so the memory's padding must be given as `padding_mask` (`DecoderBlock` keeps it in its
+      cache and does this).
 
     Args:
         num_heads: int, number of heads H.
@@ -57,8 +63,8 @@ class MultiHeadAttention(keras.layers.Layer):
 
     Returns:
         `outputs` `(B, T, d_model)`; `(outputs, scores)` with `return_attention_scores=True`
-        (`scores` `(B, H, T, S)`); `cache` is appended as the last element when a cache was
-        passed.
+        (`scores` float32 `(B, H, T, S)`); `cache` is appended as the last element when a
+        cache was passed. Symbolic (functional API) calls return the same structure.
 
     Example:
     >>> layer = MultiHeadAttention(num_heads=2)
@@ -214,13 +220,17 @@ class MultiHeadAttention(keras.layers.Layer):
         """softmax(Q K^T / sqrt(d_k)) V on `(B, T|S, H, d_k)` heads; mask `(B, T, S)` or None."""
         scale = 1.0 / math.sqrt(self._head_dim)
         use_dropout = training and self.dropout > 0.0
-        if not (return_attention_scores or use_dropout):
-            # Keras' fused op: same math, softmax in float32; used whenever nothing between
-            # the softmax and the weighted sum (dropout, returning the weights) is needed.
+        if self.compute_dtype == "float32" and not (return_attention_scores or use_dropout):
+            # Keras' fused op: the same math, used whenever nothing between the softmax and the
+            # weighted sum (dropout, returning the weights) is needed. Only under float32: it
+            # computes Q K^T in the inputs' dtype and casts the product afterwards.
             mask = None if mask is None else ops.expand_dims(mask, 1)  # (B, 1, T, S)
             return ops.dot_product_attention(query, key, value, mask=mask, scale=scale), None
-        logits = ops.einsum("bthk,bshk->bhts", query, key)  # (B, H, T, S)
-        logits = ops.cast(logits, "float32") * scale
+        # Q K^T in float32 from the (possibly bfloat16/float16) projections: a bfloat16 product
+        # keeps 8 bits of mantissa, an error of ~0.1 on logits of ~30 that the softmax then
+        # exponentiates. Only the weighted sum of values runs in the compute dtype.
+        query, key = ops.cast(query, "float32"), ops.cast(key, "float32")
+        logits = ops.einsum("bthk,bshk->bhts", query, key) * scale  # (B, H, T, S), float32
         if mask is not None:
             logits = ops.where(ops.expand_dims(mask, 1), logits, masking.large_negative("float32"))
         scores = ops.softmax(logits, axis=-1)  # (B, H, T, S), float32
@@ -230,6 +240,38 @@ class MultiHeadAttention(keras.layers.Layer):
 
     def compute_output_shape(self, query_shape, value_shape=None, key_shape=None):
         return query_shape
+
+    def compute_output_spec(
+        self,
+        query,
+        value,
+        key=None,
+        padding_mask=None,
+        attention_mask=None,
+        use_causal_mask=False,
+        cache=None,
+        cache_index=None,
+        return_attention_scores=False,
+        training=None,
+    ):
+        # The same structure as `call` returns, so symbolic (functional) calls match eager ones.
+        results = (keras.KerasTensor(tuple(query.shape), dtype=self.compute_dtype),)
+        if return_attention_scores:
+            if cache is None:
+                key_length = (value if key is None else key).shape[1]
+            elif cache_index is None:
+                key_length = cache.shape[2]  # cross-attention over the cached memory
+            else:
+                key_length = None  # the written part of a self-attention cache
+            batch, query_length = query.shape[0], query.shape[1]
+            results += (
+                keras.KerasTensor(
+                    (batch, self.num_heads, query_length, key_length), dtype="float32"
+                ),
+            )
+        if cache is not None:
+            results += (keras.KerasTensor(tuple(cache.shape), dtype=cache.dtype),)
+        return results[0] if len(results) == 1 else results
 
     def get_config(self):
         config = super().get_config()

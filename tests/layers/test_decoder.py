@@ -1,8 +1,14 @@
 import numpy as np
 import pytest
 
-from keras_transformer.layers import Decoder
-from tests.layer_checks import to_numpy, random_array, run_layer_checks
+from keras_transformer.layers import Decoder, Encoder, PositionalEmbedding
+from tests.layer_checks import (
+    assert_functional_model_round_trip,
+    assert_symbolic_call_matches_eager,
+    random_array,
+    run_layer_checks,
+    to_numpy,
+)
 
 D, FF, H = 8, 16, 2
 NORMS = pytest.mark.parametrize("norm_first", [False, True], ids=["post_norm", "pre_norm"])
@@ -29,6 +35,7 @@ def test_cached_step_by_step_equals_full_pass(norm_first):
     assert len(cache[0]) == len(cache[1]) == 3  # one tensor per block
     assert tuple(cache[0][0].shape) == (2, 2, 5, H, D // H)
     assert tuple(cache[1][0].shape) == (2, 2, 4, H, D // H)
+    assert tuple(cache[2].shape) == (2, 4)  # the memory's padding mask, all True by default
     steps = []
     for index in range(5):
         out, cache = decoder(x[:, index:index + 1], None, encoder_padding_mask=memory_mask,
@@ -40,3 +47,58 @@ def test_cached_step_by_step_equals_full_pass(norm_first):
 def test_output_carries_no_keras_mask():
     decoder = Decoder(num_layers=1, num_heads=H, ff_dim=FF)
     assert decoder.compute_mask(random_array(1, 2, D)) is None
+
+
+@pytest.mark.parametrize(
+    "cached, return_attention_scores",
+    [(False, False), (False, True), (True, False), (True, True)],
+    ids=["plain", "scores", "cache", "cache_scores"],
+)
+def test_symbolic_call_returns_the_eager_structure(cached, return_attention_scores):
+    decoder = Decoder(num_layers=2, num_heads=H, ff_dim=FF)
+    x, memory = random_array(2, 3, D), random_array(2, 5, D, seed=1)
+    decoder(x, memory)  # build
+    call_kwargs = {"return_attention_scores": return_attention_scores}
+    if cached:
+        call_kwargs.update(encoder_outputs=None, cache=decoder.initialize_cache(memory, 4),
+                           cache_index=1)
+        inputs = x[:, :1]
+    else:
+        inputs = (x, memory)
+    assert_symbolic_call_matches_eager(decoder, inputs, call_kwargs)
+
+
+def test_functional_model_outputting_scores_fits_saves_and_reloads(tmp_path):
+    outputs, *scores = assert_functional_model_round_trip(
+        Decoder,
+        {"num_layers": 2, "num_heads": H, "ff_dim": FF},
+        (random_array(2, 3, D), random_array(2, 5, D, seed=1)),
+        {"return_attention_scores": True},
+        tmp_path / "decoder.keras",
+    )
+    assert outputs.shape == (2, 3, D)
+    # Per block, the dict's keys in sorted order: cross-attention, then self-attention.
+    assert [s.shape for s in scores] == [(2, H, 3, 5), (2, H, 3, 3)] * 2
+
+
+@NORMS
+def test_cached_decoding_of_sources_of_different_lengths_equals_full_pass(norm_first):
+    """Through the public API alone: the cache carries the memory's padding mask."""
+    source = np.array([[4, 5, 6, 7, 8, 9], [10, 11, 0, 0, 0, 0], [12, 13, 14, 15, 0, 0]], "int32")
+    memory = Encoder(num_layers=1, num_heads=H, ff_dim=FF)(PositionalEmbedding(20, D)(source))
+    decoder = Decoder(num_layers=2, num_heads=H, ff_dim=FF, dropout=0.0, norm_first=norm_first)
+    x = random_array(3, 4, D)
+    full = to_numpy(decoder(x, memory))  # the memory's Keras mask hides the padding
+    cache = decoder.initialize_cache(memory, max_length=4)
+    steps = []
+    for index in range(4):
+        out, cache = decoder(x[:, index:index + 1], None, cache=cache, cache_index=index)
+        steps.append(to_numpy(out))
+    np.testing.assert_allclose(np.concatenate(steps, 1), full, rtol=1e-5, atol=1e-5)
+    # The same with the mask given explicitly once, to `initialize_cache`.
+    plain_memory = to_numpy(memory)  # a NumPy array carries no Keras mask
+    cache = decoder.initialize_cache(plain_memory, max_length=4, encoder_padding_mask=source != 0)
+    out, _ = decoder(x[:, :1], None, cache=cache, cache_index=0)
+    np.testing.assert_allclose(to_numpy(out), full[:, :1], rtol=1e-5, atol=1e-5)
+    leaked = to_numpy(decoder(x, plain_memory))
+    assert not np.allclose(leaked, full, atol=1e-4)  # padding matters for this input

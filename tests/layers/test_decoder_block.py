@@ -3,7 +3,13 @@ import pytest
 from keras import ops
 
 from keras_transformer.layers import DecoderBlock, PositionalEmbedding
-from tests.layer_checks import to_numpy, random_array, run_layer_checks
+from tests.layer_checks import (
+    assert_functional_model_round_trip,
+    assert_symbolic_call_matches_eager,
+    random_array,
+    run_layer_checks,
+    to_numpy,
+)
 
 D, FF, H = 8, 16, 2
 NORMS = pytest.mark.parametrize("norm_first", [False, True], ids=["post_norm", "pre_norm"])
@@ -89,3 +95,53 @@ def test_scores_dict_and_arity():
         block(x)
     with pytest.raises(ValueError, match="cache_index"):
         block(x[:, :1], None, cache=cache)
+
+
+@pytest.mark.parametrize(
+    "cached, return_attention_scores",
+    [(False, False), (False, True), (True, False), (True, True)],
+    ids=["plain", "scores", "cache", "cache_scores"],
+)
+def test_symbolic_call_returns_the_eager_structure(cached, return_attention_scores):
+    block = DecoderBlock(num_heads=H, ff_dim=FF)
+    x, memory = random_array(2, 3, D), random_array(2, 5, D, seed=1)
+    block(x, memory)  # build
+    call_kwargs = {"return_attention_scores": return_attention_scores}
+    if cached:
+        call_kwargs.update(encoder_outputs=None, cache=block.initialize_cache(memory, 4),
+                           cache_index=1)
+        inputs = x[:, :1]
+    else:
+        inputs = (x, memory)
+    assert_symbolic_call_matches_eager(block, inputs, call_kwargs)
+
+
+@NORMS
+def test_functional_model_outputting_scores_fits_saves_and_reloads(tmp_path, norm_first):
+    outputs, cross, self_scores = assert_functional_model_round_trip(
+        DecoderBlock,
+        {"num_heads": H, "ff_dim": FF, "norm_first": norm_first},
+        (random_array(2, 3, D), random_array(2, 5, D, seed=1)),
+        {"return_attention_scores": True},
+        tmp_path / "block.keras",
+    )
+    assert outputs.shape == (2, 3, D)
+    assert cross.shape == (2, H, 3, 5) and self_scores.shape == (2, H, 3, 3)
+
+
+@NORMS
+def test_cache_carries_the_memory_padding_mask(norm_first):
+    """Cached steps with no `encoder_padding_mask` argument still hide padded source positions."""
+    source = np.array([[4, 5, 6, 7, 8], [9, 10, 0, 0, 0], [11, 12, 13, 0, 0]], "int32")
+    memory = PositionalEmbedding(20, D)(source)  # carries the Keras mask of the padding
+    block = DecoderBlock(num_heads=H, ff_dim=FF, dropout=0.0, norm_first=norm_first)
+    x = random_array(3, 4, D)
+    full = to_numpy(block(x, memory))
+    leaked = to_numpy(block(x, ops.convert_to_tensor(to_numpy(memory))))  # no mask at all
+    assert not np.allclose(full, leaked, atol=1e-4)  # padding matters for this input
+    cache = block.initialize_cache(memory, max_length=4)
+    steps = []
+    for index in range(4):
+        out, cache = block(x[:, index:index + 1], None, cache=cache, cache_index=index)
+        steps.append(to_numpy(out))
+    np.testing.assert_allclose(np.concatenate(steps, 1), full, rtol=1e-5, atol=1e-5)

@@ -2,7 +2,13 @@ import numpy as np
 import pytest
 
 from keras_transformer.layers import Encoder, PositionalEmbedding
-from tests.layer_checks import to_numpy, run_layer_checks
+from tests.layer_checks import (
+    assert_functional_model_round_trip,
+    assert_symbolic_call_matches_eager,
+    random_array,
+    run_layer_checks,
+    to_numpy,
+)
 
 D, FF, H = 8, 16, 2
 NORMS = pytest.mark.parametrize("norm_first", [False, True], ids=["post_norm", "pre_norm"])
@@ -33,3 +39,21 @@ def test_stack_masks_padding_implicitly_and_returns_per_block_scores():
 def test_invalid_num_layers_raises():
     with pytest.raises(ValueError, match="num_layers=0"):
         Encoder(num_layers=0, num_heads=H, ff_dim=FF)
+
+
+@pytest.mark.parametrize("call_kwargs", [{}, {"return_attention_scores": True}],
+                         ids=["plain", "scores"])
+def test_symbolic_call_returns_the_eager_structure(call_kwargs):
+    encoder = Encoder(num_layers=2, num_heads=H, ff_dim=FF)
+    assert_symbolic_call_matches_eager(encoder, random_array(2, 4, D), call_kwargs)
+
+
+def test_functional_model_outputting_scores_fits_saves_and_reloads(tmp_path):
+    outputs, *scores = assert_functional_model_round_trip(
+        Encoder,
+        {"num_layers": 2, "num_heads": H, "ff_dim": FF},
+        random_array(2, 4, D),
+        {"return_attention_scores": True},
+        tmp_path / "encoder.keras",
+    )
+    assert outputs.shape == (2, 4, D) and [s.shape for s in scores] == [(2, H, 4, 4)] * 2

@@ -2,7 +2,13 @@ import numpy as np
 import pytest
 
 from keras_transformer.layers import EncoderBlock, PositionalEmbedding
-from tests.layer_checks import to_numpy, random_array, run_layer_checks
+from tests.layer_checks import (
+    assert_functional_model_round_trip,
+    assert_symbolic_call_matches_eager,
+    random_array,
+    run_layer_checks,
+    to_numpy,
+)
 
 D, FF, H = 8, 16, 2
 NORMS = pytest.mark.parametrize("norm_first", [False, True], ids=["post_norm", "pre_norm"])
@@ -67,3 +73,22 @@ def test_invalid_settings_raise():
         EncoderBlock(num_heads=H, ff_dim=FF, dropout=1.5)
     with pytest.raises(ValueError, match=r"d_model=9.*num_heads=2"):
         EncoderBlock(num_heads=H, ff_dim=FF)(random_array(1, 2, 9))
+
+
+@pytest.mark.parametrize("call_kwargs", [{}, {"return_attention_scores": True}],
+                         ids=["plain", "scores"])
+def test_symbolic_call_returns_the_eager_structure(call_kwargs):
+    block = EncoderBlock(num_heads=H, ff_dim=FF)
+    assert_symbolic_call_matches_eager(block, random_array(2, 4, D), call_kwargs)
+
+
+@NORMS
+def test_functional_model_outputting_scores_fits_saves_and_reloads(tmp_path, norm_first):
+    outputs, scores = assert_functional_model_round_trip(
+        EncoderBlock,
+        {"num_heads": H, "ff_dim": FF, "norm_first": norm_first},
+        random_array(2, 4, D),
+        {"return_attention_scores": True},
+        tmp_path / "block.keras",
+    )
+    assert outputs.shape == (2, 4, D) and scores.shape == (2, H, 4, 4)

@@ -1,9 +1,16 @@
+import keras
 import numpy as np
 import pytest
 from keras import ops
 
 from keras_transformer.layers import MultiHeadAttention, PositionalEmbedding
-from tests.layer_checks import to_numpy, random_array, run_layer_checks
+from tests.layer_checks import (
+    assert_functional_model_round_trip,
+    assert_symbolic_call_matches_eager,
+    random_array,
+    run_layer_checks,
+    to_numpy,
+)
 
 B, T, S, D, H = 2, 4, 5, 8, 2
 
@@ -150,3 +157,66 @@ def test_invalid_heads_raise_value_error_naming_both_numbers():
         MultiHeadAttention(num_heads=4)(random_array(1, 3, 10), random_array(1, 3, 10))
     with pytest.raises(ValueError, match="num_heads"):
         MultiHeadAttention(num_heads=0)
+
+
+def _self_cache():
+    return ops.zeros((B, 2, T, H, D // H))
+
+
+def _cross_cache():
+    return ops.zeros((B, 2, S, H, D // H))
+
+
+@pytest.mark.parametrize(
+    "inputs, call_kwargs",
+    [
+        ((random_array(B, T, D), random_array(B, S, D, seed=1)), {}),
+        ((random_array(B, T, D), random_array(B, S, D, seed=1)), {"return_attention_scores": True}),
+        ((random_array(B, 1, D), random_array(B, 1, D)), {"cache": _self_cache(), "cache_index": 2}),
+        ((random_array(B, 1, D), random_array(B, 1, D)),
+         {"cache": _self_cache(), "cache_index": 2, "return_attention_scores": True}),
+        ((random_array(B, T, D),), {"value": None, "cache": _cross_cache()}),
+        ((random_array(B, T, D),),
+         {"value": None, "cache": _cross_cache(), "return_attention_scores": True}),
+    ],
+    ids=["plain", "scores", "self_cache", "self_cache_scores", "cross_cache", "cross_cache_scores"],
+)
+def test_symbolic_call_returns_the_eager_structure(inputs, call_kwargs):
+    assert_symbolic_call_matches_eager(MultiHeadAttention(num_heads=H), inputs, call_kwargs)
+
+
+def test_functional_model_outputting_scores_fits_saves_and_reloads(tmp_path):
+    outputs, scores = assert_functional_model_round_trip(
+        MultiHeadAttention,
+        {"num_heads": H, "dropout": 0.1},
+        (random_array(B, T, D), random_array(B, S, D, seed=1)),
+        {"return_attention_scores": True},
+        tmp_path / "attention.keras",
+    )
+    assert outputs.shape == (B, T, D) and scores.shape == (B, H, T, S)
+
+
+def test_logits_and_softmax_are_float32_under_mixed_bfloat16():
+    """Q K^T itself is computed in float32 (from the bfloat16 projections), not cast afterwards."""
+    keras.config.set_dtype_policy("mixed_bfloat16")  # the conftest fixture restores float32
+    layer = MultiHeadAttention(num_heads=H)
+    # Large inputs give logits of tens, where bfloat16's 8-bit mantissa loses whole tenths.
+    query, value = 4.0 * random_array(B, T, D), 4.0 * random_array(B, S, D, seed=1)
+    mask = np.array([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]], bool)
+    outputs, scores = layer(query, value, padding_mask=mask, return_attention_scores=True)
+    assert layer.compute_dtype == "bfloat16" and outputs.dtype == "bfloat16"
+    assert scores.dtype == "float32"
+
+    def heads(dense, x):  # the layer's own bfloat16 projections, exactly as it computes them
+        return to_numpy(ops.cast(dense(x), "float32")).astype("float64").reshape(B, -1, H, D // H)
+
+    logits = np.einsum("bthk,bshk->bhts", heads(layer._query_dense, query),
+                       heads(layer._key_dense, value)) / np.sqrt(D // H)
+    logits = np.where(mask[:, None, None, :], logits, -np.inf)
+    expected = np.exp(logits - logits.max(-1, keepdims=True))
+    expected /= expected.sum(-1, keepdims=True)
+    np.testing.assert_allclose(to_numpy(scores), expected, rtol=0, atol=1e-5)
+    # The path without scores (no dropout) computes the same attention.
+    fused = layer(query, value, padding_mask=mask)
+    np.testing.assert_array_equal(to_numpy(ops.cast(fused, "float32")),
+                                  to_numpy(ops.cast(outputs, "float32")))
