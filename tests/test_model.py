@@ -187,3 +187,33 @@ def test_cached_next_logits_equal_the_full_forward_pass(norm_first):
         np.testing.assert_allclose(_np(logits)[rows], full[rows, index], rtol=1e-4, atol=1e-4)
     uncached = _np(parts.full_logits(batch["decoder_tokens"], memory, memory_mask))
     np.testing.assert_allclose(uncached, full, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.slow
+def test_implicit_masks_hide_source_padding_inside_fit_and_predict():
+    """Graph mode (`fit`, `predict`): the embeddings' Keras masks still hide padded sources.
+
+    The eager tests above cover the eager path; here extra source padding must leave one
+    `fit` step's updated weights and `predict`'s logits unchanged.
+    """
+    batch = _batch()
+    labels = np.array([[11, 12, 13, 2], [14, 2, 0, 0]], "int32")
+    padded = dict(batch, encoder_tokens=np.pad(batch["encoder_tokens"], ((0, 0), (0, 3))))
+
+    def fit_one_step(inputs):
+        keras.utils.set_random_seed(5)  # the same initial weights for both runs
+        model = build_transformer(**TINY)
+        model.compile(
+            optimizer=keras.optimizers.SGD(0.5),
+            loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True, ignore_class=0),
+        )
+        model.fit(inputs, labels, batch_size=2, epochs=1, shuffle=False, verbose=0)
+        assert not model.run_eagerly
+        return model, [_np(w) for w in model.trainable_weights]
+
+    model, reference = fit_one_step(batch)
+    _, weights = fit_one_step(padded)
+    for expected, actual in zip(reference, weights):
+        np.testing.assert_allclose(actual, expected, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(model.predict(padded, verbose=0), model.predict(batch, verbose=0),
+                               rtol=1e-5, atol=1e-5)
