@@ -17,7 +17,6 @@ setup(
         "tensorflow~=2.21.0",
         "tensorflow-text~=2.21.0",
         "keras>=3.15,<4",
-        "keras-hub>=0.32,<1",
         "tensorflow-datasets>=4.9,<5",
         "sentencepiece>=0.2,<1",
         "sacrebleu>=2.4,<3",
@@ -26,7 +25,12 @@ setup(
         "numpy>=1.26",
     ],
     extras_require={
+        # keras-hub is the tests' numerical oracle and the training benchmark's peer; the
+        # package itself never imports it.
+        "test": ["keras-hub>=0.32,<1"],
+        "bench": ["keras-hub>=0.32,<1"],
         "dev": [
+            "keras-hub>=0.32,<1",
             "pytest>=8",
             "pytest-timeout>=2.3",
             "nbmake>=1.5",
