@@ -205,10 +205,17 @@ class TransformerParts:
         model: a `keras.Model` from `build_transformer` (or loaded from its `.keras` file).
 
     Example:
+    >>> from keras import ops
+    >>> from keras_transformer import TransformerParts, build_transformer
+    >>> model = build_transformer(vocab_size=100, d_model=16, num_heads=2, ff_dim=32,
+    ...                           num_layers=1)
     >>> parts = TransformerParts(model)
-    >>> memory, memory_mask = parts.encode(source_ids)
-    >>> cache = parts.initial_cache(memory, memory_mask, max_length=64)
+    >>> memory, memory_mask = parts.encode(ops.array([[5, 6, 7, 2], [8, 2, 0, 0]], "int32"))
+    >>> cache = parts.initial_cache(memory, memory_mask, max_length=8)
+    >>> start_tokens = ops.ones((2, 1), "int32")
     >>> logits, cache = parts.next_logits(start_tokens, cache, 0)
+    >>> tuple(logits.shape)
+    (2, 100)
     """
 
     def __init__(self, model):

@@ -42,9 +42,19 @@ class Decoder(Encoder):
         the updated cache last. Symbolic (functional API) calls return the same structure.
 
     Example:
+    >>> import keras
+    >>> from keras_transformer.layers import Decoder
     >>> decoder = Decoder(num_layers=2, num_heads=2, ff_dim=16)
-    >>> decoder(keras.random.normal((2, 3, 8)), keras.random.normal((2, 5, 8))).shape
+    >>> memory = keras.random.normal((2, 5, 8))
+    >>> tuple(decoder(keras.random.normal((2, 3, 8)), memory).shape)
     (2, 3, 8)
+    >>> source_mask = keras.ops.array([[1, 1, 1, 1, 1], [1, 1, 0, 0, 0]], "bool")
+    >>> cache = decoder.initialize_cache(memory, max_length=3, encoder_padding_mask=source_mask)
+    >>> for index in range(3):  # the cache carries the source mask from step to step
+    ...     step = keras.random.normal((2, 1, 8))
+    ...     outputs, cache = decoder(step, None, cache=cache, cache_index=index)
+    >>> tuple(outputs.shape), tuple(cache[2].shape)
+    ((2, 1, 8), (2, 5))
     """
 
     def build(self, inputs_shape, encoder_outputs_shape=None):

@@ -58,9 +58,17 @@ class DecoderBlock(BlockBase):
         structure.
 
     Example:
+    >>> import keras
+    >>> from keras_transformer.layers import DecoderBlock
     >>> block = DecoderBlock(num_heads=2, ff_dim=16)
-    >>> block(keras.random.normal((2, 3, 8)), keras.random.normal((2, 5, 8))).shape
+    >>> memory = keras.random.normal((2, 5, 8))
+    >>> tuple(block(keras.random.normal((2, 3, 8)), memory).shape)
     (2, 3, 8)
+    >>> source_mask = keras.ops.array([[1, 1, 1, 1, 1], [1, 1, 0, 0, 0]], "bool")
+    >>> cache = block.initialize_cache(memory, max_length=3, encoder_padding_mask=source_mask)
+    >>> outputs, cache = block(keras.random.normal((2, 1, 8)), None, cache=cache, cache_index=0)
+    >>> tuple(outputs.shape)
+    (2, 1, 8)
 
     References:
         Vaswani et al., "Attention Is All You Need", 2017.

@@ -40,8 +40,14 @@ class Encoder(BlockBase):
         block; symbolic (functional API) calls return the same structure.
 
     Example:
-    >>> Encoder(num_layers=2, num_heads=2, ff_dim=16)(keras.random.normal((2, 4, 8))).shape
+    >>> import keras
+    >>> from keras_transformer.layers import Encoder
+    >>> encoder = Encoder(num_layers=2, num_heads=2, ff_dim=16)
+    >>> tuple(encoder(keras.random.normal((2, 4, 8))).shape)
     (2, 4, 8)
+    >>> memory, scores = encoder(keras.Input((None, 8)), return_attention_scores=True)
+    >>> [s.shape for s in scores]
+    [(None, 2, None, None), (None, 2, None, None)]
     """
 
     def __init__(self, num_layers, num_heads, ff_dim, **kwargs):

@@ -42,8 +42,15 @@ class EncoderBlock(BlockBase):
         (`scores` float32 `(B, H, S, S)`), symbolically as eagerly.
 
     Example:
-    >>> EncoderBlock(num_heads=2, ff_dim=16)(keras.random.normal((2, 4, 8))).shape
+    >>> import keras
+    >>> from keras_transformer.layers import EncoderBlock
+    >>> block = EncoderBlock(num_heads=2, ff_dim=16)
+    >>> tuple(block(keras.random.normal((2, 4, 8))).shape)
     (2, 4, 8)
+    >>> inputs = keras.Input((None, 8))
+    >>> outputs, scores = block(inputs, return_attention_scores=True)
+    >>> scores.shape
+    (None, 2, None, None)
 
     References:
         Vaswani et al., "Attention Is All You Need", 2017.

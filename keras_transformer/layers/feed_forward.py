@@ -29,7 +29,9 @@ class FeedForward(keras.layers.Layer):
         `(B, T, d_model)`.
 
     Example:
-    >>> FeedForward(ff_dim=32)(keras.random.normal((2, 4, 8))).shape
+    >>> import keras
+    >>> from keras_transformer.layers import FeedForward
+    >>> tuple(FeedForward(ff_dim=32)(keras.random.normal((2, 4, 8))).shape)
     (2, 4, 8)
 
     References:

@@ -67,10 +67,17 @@ class MultiHeadAttention(keras.layers.Layer):
         cache was passed. Symbolic (functional API) calls return the same structure.
 
     Example:
+    >>> import keras
+    >>> from keras_transformer.layers import MultiHeadAttention
     >>> layer = MultiHeadAttention(num_heads=2)
     >>> x = keras.random.normal((2, 4, 8))
-    >>> layer(x, x, use_causal_mask=True).shape
+    >>> tuple(layer(x, x, use_causal_mask=True).shape)
     (2, 4, 8)
+    >>> inputs = keras.Input((None, 8))  # symbolic calls return what eager calls return
+    >>> outputs, scores = layer(inputs, inputs, return_attention_scores=True)
+    >>> model = keras.Model(inputs, [outputs, scores])
+    >>> [tuple(t.shape) for t in model(x)]
+    [(2, 4, 8), (2, 2, 4, 4)]
 
     References:
         Vaswani et al., "Attention Is All You Need", 2017.

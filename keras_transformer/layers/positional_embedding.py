@@ -74,9 +74,14 @@ class PositionalEmbedding(keras.layers.Layer):
         `(B, T, d_model)` embeddings, or `(B, T, vocab_size)` logits with `reverse=True`.
 
     Example:
+    >>> from keras import ops
+    >>> from keras_transformer.layers import PositionalEmbedding
     >>> layer = PositionalEmbedding(vocab_size=100, d_model=8)
-    >>> layer(ops.array([[5, 7, 0, 0]])).shape
+    >>> embedded = layer(ops.array([[5, 7, 0, 0]]))
+    >>> tuple(embedded.shape)
     (1, 4, 8)
+    >>> ops.convert_to_numpy(embedded._keras_mask).tolist()
+    [[True, True, False, False]]
 
     References:
         Vaswani et al., "Attention Is All You Need", 2017.
