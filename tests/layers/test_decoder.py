@@ -68,6 +68,7 @@ def test_symbolic_call_returns_the_eager_structure(cached, return_attention_scor
     assert_symbolic_call_matches_eager(decoder, inputs, call_kwargs)
 
 
+@pytest.mark.slow
 def test_functional_model_outputting_scores_fits_saves_and_reloads(tmp_path):
     outputs, *scores = assert_functional_model_round_trip(
         Decoder,

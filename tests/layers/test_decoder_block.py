@@ -95,6 +95,8 @@ def test_scores_dict_and_arity():
         block(x)
     with pytest.raises(ValueError, match="cache_index"):
         block(x[:, :1], None, cache=cache)
+    with pytest.raises(ValueError, match="initialize_cache"):  # a cache without its mask
+        block(x[:, :1], None, cache=cache[:2], cache_index=0)
 
 
 @pytest.mark.parametrize(
@@ -116,6 +118,7 @@ def test_symbolic_call_returns_the_eager_structure(cached, return_attention_scor
     assert_symbolic_call_matches_eager(block, inputs, call_kwargs)
 
 
+@pytest.mark.slow
 @NORMS
 def test_functional_model_outputting_scores_fits_saves_and_reloads(tmp_path, norm_first):
     outputs, cross, self_scores = assert_functional_model_round_trip(
