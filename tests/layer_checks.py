@@ -100,13 +100,13 @@ def assert_symbolic_call_matches_eager(layer, inputs, call_kwargs=None):
     eager = layer(*inputs, **call_kwargs)
     symbolic = layer(*[_symbolic_like(x) for x in inputs], **call_kwargs)
     keras.tree.assert_same_structure(eager, symbolic)
-    for eager_tensor, symbolic_tensor in zip(keras.tree.flatten(eager), keras.tree.flatten(symbolic)):
-        assert isinstance(symbolic_tensor, keras.KerasTensor), type(symbolic_tensor)
+    for eager_tensor, spec in zip(keras.tree.flatten(eager), keras.tree.flatten(symbolic)):
+        assert isinstance(spec, keras.KerasTensor), type(spec)
         eager_dtype = keras.backend.standardize_dtype(eager_tensor.dtype)
-        assert symbolic_tensor.dtype == eager_dtype, (symbolic_tensor, eager_dtype)
-        assert len(symbolic_tensor.shape) == len(eager_tensor.shape), (symbolic_tensor, eager_tensor)
-        for static, actual in zip(symbolic_tensor.shape, eager_tensor.shape):
-            assert static is None or static == actual, (symbolic_tensor.shape, eager_tensor.shape)
+        assert spec.dtype == eager_dtype, (spec, eager_dtype)
+        assert len(spec.shape) == len(eager_tensor.shape), (spec, eager_tensor.shape)
+        for static, actual in zip(spec.shape, eager_tensor.shape):
+            assert static is None or static == actual, (spec.shape, eager_tensor.shape)
 
 
 def assert_functional_model_round_trip(layer_cls, init_kwargs, inputs, call_kwargs, path):

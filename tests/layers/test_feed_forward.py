@@ -29,7 +29,8 @@ def test_a_seeded_initializer_gives_each_kernel_its_own_values():
     def kernels():
         layer = FeedForward(ff_dim=16, kernel_initializer=keras.initializers.GlorotUniform(seed=3))
         layer.build((2, 4, 8))
-        return [keras.ops.convert_to_numpy(d.kernel) for d in (layer._inner_dense, layer._output_dense)]
+        dense_layers = (layer._inner_dense, layer._output_dense)
+        return [keras.ops.convert_to_numpy(dense.kernel) for dense in dense_layers]
 
     inner, output = kernels()
     # (8, 16) and (16, 8) kernels from one seed would hold the same values in the same order.

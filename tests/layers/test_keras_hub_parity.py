@@ -11,7 +11,13 @@ import keras_hub
 import numpy as np
 import pytest
 
-from keras_transformer.layers import Decoder, DecoderBlock, Encoder, EncoderBlock, MultiHeadAttention
+from keras_transformer.layers import (
+    Decoder,
+    DecoderBlock,
+    Encoder,
+    EncoderBlock,
+    MultiHeadAttention,
+)
 from tests.layer_checks import random_array, to_numpy
 
 B, T, S, D, FF, H = 2, 5, 6, 16, 32, 4

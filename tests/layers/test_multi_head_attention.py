@@ -172,7 +172,8 @@ def _cross_cache():
     [
         ((random_array(B, T, D), random_array(B, S, D, seed=1)), {}),
         ((random_array(B, T, D), random_array(B, S, D, seed=1)), {"return_attention_scores": True}),
-        ((random_array(B, 1, D), random_array(B, 1, D)), {"cache": _self_cache(), "cache_index": 2}),
+        ((random_array(B, 1, D), random_array(B, 1, D)),
+         {"cache": _self_cache(), "cache_index": 2}),
         ((random_array(B, 1, D), random_array(B, 1, D)),
          {"cache": _self_cache(), "cache_index": 2, "return_attention_scores": True}),
         ((random_array(B, T, D),), {"value": None, "cache": _cross_cache()}),
