@@ -274,3 +274,31 @@ def test_seeded_signature_only_in_sampling_exports(sampler, small_tokenizer):
     assert "translate_seeded" not in beam.signatures()
     with pytest.raises(tf.errors.InvalidArgumentError, match="one int64 per sentence"):
         seeded(sampler, ["ka", "lo"], [1])
+
+
+def test_export_cli_sampling_flags_reach_the_translator(small_tokenizer, monkeypatch, capsys):
+    """(The lead may move this to tests/test_cli.py.) `keras-transformer export --search
+    sample --temperature --top-k --top-p --allow-unk` builds the matching DecodingConfig,
+    and invalid values stop the command with the config's message."""
+    import keras_transformer.export as export_module
+    from keras_transformer import cli
+
+    model = tiny_model(small_tokenizer)
+    written = {}
+    monkeypatch.setattr(export_module, "load_run",
+                        lambda run, checkpoint: (model, small_tokenizer, small_tokenizer, {}))
+    monkeypatch.setattr(export_module, "export_translator",
+                        lambda translator, out, **kwargs: written.setdefault("t", translator))
+    base = ["export", "--model", "run", "--out", "out", "--max-input-length", str(TABLE),
+            "--max-output-length", str(TABLE)]
+    cli.main(base + ["--search", "sample", "--temperature", "0.7", "--top-k", "20",
+                     "--top-p", "0.9", "--allow-unk"])
+    config = written["t"].config
+    assert (config.search, config.temperature, config.top_k, config.top_p, config.disable_unk) \
+        == ("sample", 0.7, 20, 0.9, False)
+    assert "translate_seeded" in written["t"].signatures()
+    assert not cli.build_parser().parse_args(base).allow_unk  # UNK forbidden by default
+    with pytest.raises(SystemExit, match="temperature"):
+        cli.main(base + ["--search", "sample", "--temperature", "0"])
+    with pytest.raises(SystemExit, match="top_p"):
+        cli.main(base + ["--search", "sample", "--top-p", "0"])
