@@ -40,8 +40,8 @@ class DecodingConfig:
     # ... and never more than this; also the static length of the decoder cache.
     max_output_length: int = 128
     # Sampling only: softmax temperature (> 0), top-k (0 = off), nucleus top-p in (0, 1]
-    # (1.0 = off). The seed is per request: `translate` draws a fresh one for every
-    # sentence, `translate_seeded(text, seed)` takes one per sentence.
+    # (1.0 = off). No seed here: `translate` draws a fresh random seed on every call,
+    # `translate_seeded(text, seed)` takes one seed per sentence.
     temperature: float = 1.0
     top_k: int = 0
     top_p: float = 1.0
@@ -131,8 +131,8 @@ class Translator(tf.Module):
     U+FFFD before tokenization; output length is bounded by `min(source length +
     extra_length, max_output_length)`.
 
-    Sampling (`config.search == "sample"`): `translate` draws a fresh random seed for
-    every sentence of every call. `translate_seeded(text, seed)` takes one int64 seed per
+    Sampling (`config.search == "sample"`): `translate` draws a fresh random seed on
+    every call (the sentences of a call get different random numbers). `translate_seeded(text, seed)` takes one int64 seed per
     sentence (`seed: int64 [None]`, as long as `text`): a sentence's sample depends only on
     the sentence and its seed, never on the other sentences of the batch, so the same
     sentence and seed give the same sample alone, inside any batch, and under TF Serving's
