@@ -132,12 +132,13 @@ class Translator(tf.Module):
     extra_length, max_output_length)`.
 
     Sampling (`config.search == "sample"`): `translate` draws a fresh random seed on
-    every call (the sentences of a call get different random numbers). `translate_seeded(text, seed)` takes one int64 seed per
-    sentence (`seed: int64 [None]`, as long as `text`): a sentence's sample depends only on
-    the sentence and its seed, never on the other sentences of the batch, so the same
-    sentence and seed give the same sample alone, inside any batch, and under TF Serving's
-    server-side batching. Repeat one seed for every sentence to seed a whole request; give
-    one sentence several seeds to get several samples of it. Through TF Serving REST:
+    every call (the sentences of a call get different random numbers).
+    `translate_seeded(text, seed)` takes one int64 seed per sentence (`seed: int64 [None]`,
+    as long as `text`): a sentence's sample depends only on the sentence and its seed,
+    never on the other sentences of the batch, so the same sentence and seed give the same
+    sample alone, inside any batch, and under TF Serving's server-side batching. Repeat one
+    seed for every sentence to seed a whole request; give one sentence several seeds to get
+    several samples of it. Through TF Serving REST:
     `{"signature_name": "translate_seeded", "instances": [{"text": "A dog.", "seed": 7}]}`;
     with saved_model_cli: `--signature_def translate_seeded --input_exprs
     'text=["A dog."];seed=[7]'`. (TF Serving signatures have no optional inputs, hence a

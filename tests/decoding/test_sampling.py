@@ -138,7 +138,8 @@ def test_sampling_never_produces_pad_or_start_and_forbids_unk_on_request():
         assert not np.isin(produced, forbidden).any(), unk_id
     # The filters keep the masks: top-k and top-p never reopen a reserved token.
     result = sample(model.next_logits, {}, 300, 6, seed=14, top_k=3, top_p=0.99, unk_id=UNK_ID)
-    produced = np.concatenate([r[:n] for r, n in zip(result.tokens.numpy(), result.lengths.numpy())])
+    tokens, lengths = result.tokens.numpy(), result.lengths.numpy()
+    produced = np.concatenate([row[:n] for row, n in zip(tokens, lengths)])
     assert not np.isin(produced, [PAD_ID, START_ID, UNK_ID]).any()
 
 
