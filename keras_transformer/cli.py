@@ -88,15 +88,23 @@ def cmd_train(args):
 def cmd_export(args):
     from keras_transformer.export import DecodingConfig, Translator, export_translator, load_run
 
+    # The settings are checked before the model is loaded, so a bad flag fails at once.
+    try:
+        decoding = DecodingConfig(
+            search=args.search,
+            beam_size=args.beam_size,
+            alpha=args.alpha,
+            max_input_length=args.max_input_length,
+            extra_length=args.extra_length,
+            max_output_length=args.max_output_length,
+            temperature=args.temperature,
+            top_k=args.top_k,
+            top_p=args.top_p,
+            disable_unk=not args.allow_unk,
+        )
+    except ValueError as error:
+        raise SystemExit(f"keras-transformer export: {error}") from None
     model, source_tokenizer, target_tokenizer, config = load_run(args.model, args.checkpoint)
-    decoding = DecodingConfig(
-        search=args.search,
-        beam_size=args.beam_size,
-        alpha=args.alpha,
-        max_input_length=args.max_input_length,
-        extra_length=args.extra_length,
-        max_output_length=args.max_output_length,
-    )
     translator = Translator(model, source_tokenizer, target_tokenizer, decoding)
     path = export_translator(
         translator, args.out, version=args.version,
@@ -194,6 +202,16 @@ def build_parser():
     export.add_argument("--max-input-length", type=int, default=128)
     export.add_argument("--extra-length", type=int, default=50)
     export.add_argument("--max-output-length", type=int, default=128)
+    export.add_argument("--temperature", type=float, default=1.0,
+                        help="--search sample: softmax temperature, > 0 (default 1.0)")
+    export.add_argument("--top-k", type=int, default=0,
+                        help="--search sample: sample among the k most likely tokens (0 = off)")
+    export.add_argument("--top-p", type=float, default=1.0,
+                        help="--search sample: nucleus mass in (0, 1] (1.0 = off); the export "
+                        "adds a translate_seeded(text, seed) signature, one int64 seed per "
+                        "sentence")
+    export.add_argument("--allow-unk", action="store_true",
+                        help="let the searches produce the UNK piece (never produced by default)")
     export.set_defaults(func=cmd_export)
 
     translate = sub.add_parser(

@@ -14,18 +14,22 @@ from keras_transformer.decoding.sampling import top_k_filter
 from keras_transformer.decoding.sampling import top_p_filter
 from keras_transformer.decoding.utils import NEG_INF
 from keras_transformer.decoding.utils import SearchResult
+from keras_transformer.decoding.utils import forbidden_ids
 from keras_transformer.decoding.utils import gather_beams
 from keras_transformer.decoding.utils import length_penalty
+from keras_transformer.decoding.utils import mask_tokens
 from keras_transformer.decoding.utils import tile_beams
 
 __all__ = [
     "NEG_INF",
     "SearchResult",
     "beam_search",
+    "forbidden_ids",
     "gather_beams",
     "greedy_search",
     "greedy_search_uncached",
     "length_penalty",
+    "mask_tokens",
     "sample",
     "tile_beams",
     "top_k_filter",

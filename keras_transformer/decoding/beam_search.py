@@ -40,28 +40,35 @@ def beam_search(
     pad_id=0,
     max_lengths=None,
     return_all_beams=False,
+    unk_id=None,
 ):
     """Beam search with the GNMT length penalty, keeping alive and finished hypotheses.
 
     Every tensor of `initial_cache` is tiled from `B` to `B * beam_size` rows (beams of
     one example adjacent) and reordered with `tf.gather` after each step. Per example the
-    search keeps `beam_size` alive hypotheses and `beam_size` finished ones:
+    search keeps `K = beam_size` alive hypotheses and `K` finished ones, as GNMT,
+    tensor2tensor and fairseq do:
 
-    1. the alive beams are extended by every token; the `beam_size` best extensions by
-       log-probability are kept (at step 0 only the first beam is alive, so they differ);
-    2. an extension that emits `end_id`, or that reaches the example's bound in
-       `max_lengths`, leaves the alive set (its slot is dead for this step) and competes
-       for the finished set with score `log_prob / length_penalty(length, alpha)`,
+    1. the alive beams are extended by every token (PAD and START masked, and UNK when
+       `unk_id` is given); the `2K` best extensions by log-probability are the candidates
+       (at step 0 only the first beam is alive, so they differ);
+    2. a candidate that emits `end_id`, or that reaches the example's bound in
+       `max_lengths`, is set aside: it competes for the finished set with score
+       `log_prob / length_penalty(length, alpha)`,
        `length_penalty = ((5 + length) / 6) ** alpha`;
-    3. an example is done when it has no alive hypothesis left, or when its finished set
+    3. the `K` best remaining candidates stay alive. Each alive beam has one END
+       extension, so at most `K` of the `2K` candidates end and a finished hypothesis
+       never takes the place of an alive one;
+    4. an example is done when it has no alive hypothesis left, or when its finished set
        is full and the worst finished score is at least the best score an alive
        hypothesis can still reach (its log-probability divided by the largest penalty it
        can still get); the `tf.while_loop` stops when every example is done.
 
-    Selecting the `beam_size` best extensions (not `2 * beam_size`) makes `beam_size=1`
-    exactly greedy search for any `alpha`: its single extension is the argmax, and once it
-    emits END no alive hypothesis remains. Dead slots carry a large finite negative
-    log-probability, so no NaN appears.
+    `beam_size=1` takes a single candidate per step, which is exactly greedy search for
+    any `alpha` (its candidate is the argmax, and once it emits END no alive hypothesis
+    remains); with two candidates an END would let the runner-up continue and, with
+    `alpha > 0`, possibly win. Dead slots carry a large finite negative log-probability, so
+    no NaN appears.
 
     Args:
         next_logits: callable `(tokens, cache, index) -> (logits, cache)` as in
@@ -81,6 +88,8 @@ def beam_search(
             tokens, clipped to `[1, max_length]`. Defaults to `None`.
         return_all_beams: bool, return the `K` finished hypotheses of every example
             (best first) instead of the best one. Defaults to `False`.
+        unk_id: int or `None`, the UNK token, never produced when given, as in
+            `greedy_search`. Defaults to `None`.
 
     Returns:
         A `SearchResult` for the best finished hypothesis of every example: `tokens` int32
@@ -108,6 +117,9 @@ def beam_search(
     beam_size = int(beam_size)
     if beam_size < 1:
         raise ValueError(f"`beam_size` must be at least 1, received {beam_size}.")
+    # 2K candidates so that K stay alive whatever ends; one for beam 1 (greedy).
+    num_candidates = 2 * beam_size if beam_size > 1 else 1
+    forbidden = utils.forbidden_ids(start_id, end_id, pad_id, unk_id)
     batch_size = tf.convert_to_tensor(batch_size, tf.int32)
     bounds = utils.resolve_max_lengths(max_lengths, batch_size, max_length)  # (B,)
     cache = utils.tile_beams(utils.to_tensors(initial_cache), beam_size)  # (B*K, ...)
@@ -139,27 +151,28 @@ def beam_search(
         logits, cache = next_logits(last_tokens, cache, step)
         logits = tf.cast(logits, tf.float32)  # (B*K, V)
         vocab_size = tf.shape(logits)[-1]
-        log_probs = tf.reshape(
-            tf.nn.log_softmax(logits, axis=-1), [batch_size, beam_size, -1]
-        )  # (B, K, V)
+        log_probs = utils.mask_tokens(tf.nn.log_softmax(logits, axis=-1), forbidden)
+        log_probs = tf.reshape(log_probs, [batch_size, beam_size, -1])  # (B, K, V)
         candidate_log_probs = alive_log_probs[:, :, None] + log_probs  # (B, K, V)
         flat_log_probs = tf.reshape(candidate_log_probs, [batch_size, -1])  # (B, K*V)
-        top_log_probs, top_indices = tf.math.top_k(flat_log_probs, k=beam_size)  # (B, K)
-        source_beams = top_indices // vocab_size  # (B, K)
-        new_tokens = top_indices % vocab_size  # (B, K)
-        new_seq = tf.gather(alive_seq, source_beams, batch_dims=1)  # (B, K, T)
-        new_seq = utils.write_column(new_seq, step, new_tokens)  # (B, K, T)
+        top_log_probs, top_indices = tf.math.top_k(
+            flat_log_probs, k=num_candidates
+        )  # (B, C), C = 2K (1 for beam 1)
+        source_beams = top_indices // vocab_size  # (B, C)
+        new_tokens = top_indices % vocab_size  # (B, C)
+        new_seq = tf.gather(alive_seq, source_beams, batch_dims=1)  # (B, C, T)
+        new_seq = utils.write_column(new_seq, step, new_tokens)  # (B, C, T)
         length = step + 1
-        possible = top_log_probs > utils.IMPOSSIBLE  # (B, K)
+        possible = top_log_probs > utils.IMPOSSIBLE  # (B, C)
         ends = possible & (
             tf.equal(new_tokens, end_id) | (length >= bounds)[:, None]
-        )  # (B, K)
+        )  # (B, C)
 
-        # Hypotheses that ended join the finished set, which keeps the K best.
+        # Candidates that ended join the finished set, which keeps the K best.
         penalty = utils.length_penalty(length, alpha)
-        new_scores = tf.where(ends, top_log_probs / penalty, utils.NEG_INF)  # (B, K)
+        new_scores = tf.where(ends, top_log_probs / penalty, utils.NEG_INF)  # (B, C)
         fin_seq, fin_scores, fin_log_probs, fin_lengths, fin_filled = finished
-        all_scores = tf.concat([fin_scores, new_scores], axis=1)  # (B, 2K)
+        all_scores = tf.concat([fin_scores, new_scores], axis=1)  # (B, K + C)
         # Ties keep the older hypothesis (top_k prefers the lower index).
         fin_scores, keep = tf.math.top_k(all_scores, k=beam_size)  # (B, K)
 
@@ -175,9 +188,16 @@ def beam_search(
             merge(fin_filled, ends),
         )
 
-        # The rest stay alive; their cache rows follow them.
-        alive_log_probs = tf.where(possible & ~ends, top_log_probs, utils.NEG_INF)
-        best_alive = tf.reduce_max(alive_log_probs, axis=1)  # (B,)
+        # The K best candidates that did not end stay alive (the candidates are sorted, so
+        # top_k keeps their order); their cache rows follow them.
+        alive_log_probs, alive_indices = tf.math.top_k(
+            tf.where(possible & ~ends, top_log_probs, utils.NEG_INF), k=beam_size
+        )  # (B, K)
+        if num_candidates > beam_size:
+            source_beams = tf.gather(source_beams, alive_indices, batch_dims=1)  # (B, K)
+            new_tokens = tf.gather(new_tokens, alive_indices, batch_dims=1)  # (B, K)
+            new_seq = tf.gather(new_seq, alive_indices, batch_dims=1)  # (B, K, T)
+        best_alive = alive_log_probs[:, 0]  # (B,)
         no_alive = best_alive <= utils.IMPOSSIBLE
         cannot_improve = finished[4][:, -1] & (
             fin_scores[:, -1] >= _upper_bound(best_alive, step, bounds, alpha)
@@ -192,7 +212,6 @@ def beam_search(
             alive_log_probs,
         )
         return step + 1, alive, cache, finished, done
-
     _, _, _, finished, _ = tf.while_loop(
         cond,
         body,

@@ -2,6 +2,7 @@
 
 Both searches follow one hypothesis per example and pick the next token with a selection
 function (argmax for greedy search; `sampling.sample` reuses the same loop with a sampler).
+PAD and START (and UNK when `unk_id` is given) are masked before the choice.
 """
 
 import tensorflow as tf
@@ -9,18 +10,17 @@ import tensorflow as tf
 from keras_transformer.decoding import utils
 
 
-def greedy_token(logits, log_probs, step):
+def greedy_token(log_probs, step):
     """Selects the most likely token, the lowest id on ties (like `tf.math.top_k`).
 
     Args:
-        logits: float32 `(B, V)`, unused.
-        log_probs: float32 `(B, V)`.
+        log_probs: float32 `(B, V)`, forbidden tokens already masked.
         step: int32 scalar, unused.
 
     Returns:
         int32 `(B,)`.
     """
-    del logits, step
+    del step
     return tf.math.top_k(log_probs, k=1).indices[:, 0]
 
 
@@ -86,6 +86,7 @@ def decode_single_path(
     end_id=2,
     pad_id=0,
     max_lengths=None,
+    unk_id=None,
 ):
     """Runs one hypothesis per example, choosing each token with `select_token`.
 
@@ -98,17 +99,21 @@ def decode_single_path(
         initial_cache: nest of tensors with leading axis `B`.
         batch_size: int or int32 scalar tensor, `B`.
         max_length: int, the static number of steps.
-        select_token: callable `(logits (B, V), log_probs (B, V), step) -> int32 (B,)`.
+        select_token: callable `(log_probs (B, V), step) -> int32 (B,)`; the forbidden
+            tokens of `log_probs` are `NEG_INF` already.
         start_id: int, the token fed at position 0. Defaults to `1`.
         end_id: int, the token that ends a hypothesis. Defaults to `2`.
         pad_id: int, written after END. Defaults to `0`.
         max_lengths: optional int `(B,)`, per-example bounds on the number of generated
             tokens, clipped to `[1, max_length]`. Defaults to `max_length` for all.
+        unk_id: int or `None`, a token never produced besides PAD and START (UNK).
+            Defaults to `None`.
 
     Returns:
         A `SearchResult` with `tokens (B, max_length)`, `scores (B,)`, `lengths (B,)`.
     """
     max_length = utils.check_max_length(max_length)
+    forbidden = utils.forbidden_ids(start_id, end_id, pad_id, unk_id)
     batch_size = tf.convert_to_tensor(batch_size, tf.int32)
     bounds = utils.resolve_max_lengths(max_lengths, batch_size, max_length)  # (B,)
     cache = utils.to_tensors(initial_cache)
@@ -120,8 +125,8 @@ def decode_single_path(
     def body(step, last_tokens, cache, state):
         logits, cache = next_logits(last_tokens, cache, step)
         logits = tf.cast(logits, tf.float32)  # (B, V)
-        log_probs = tf.nn.log_softmax(logits, axis=-1)  # (B, V)
-        chosen = tf.cast(select_token(logits, log_probs, step), tf.int32)  # (B,)
+        log_probs = utils.mask_tokens(tf.nn.log_softmax(logits, axis=-1), forbidden)  # (B, V)
+        chosen = tf.cast(select_token(log_probs, step), tf.int32)  # (B,)
         chosen, state = _advance(step, chosen, log_probs, state, bounds, end_id, pad_id)
         return step + 1, chosen[:, None], cache, state
 
@@ -154,6 +159,7 @@ def greedy_search(
     end_id=2,
     pad_id=0,
     max_lengths=None,
+    unk_id=None,
 ):
     """Greedy decoding: the most likely token at every step, with a cached decoder step.
 
@@ -162,7 +168,8 @@ def greedy_search(
     generated `max_lengths[b]` tokens; finished examples are fed `pad_id` and their
     outputs ignored. The `tf.while_loop` stops when every example has finished, yet the
     output shapes stay `(B, max_length)`, so the search traces once with an unknown
-    batch size and can be saved into a SavedModel.
+    batch size and can be saved into a SavedModel. PAD and START are never chosen (their
+    log-probabilities are masked before the argmax), nor UNK when `unk_id` is given.
 
     Args:
         next_logits: callable `(tokens, cache, index) -> (logits, cache)`: `tokens` int32
@@ -179,6 +186,10 @@ def greedy_search(
         max_lengths: optional int `(B,)`, per-example bounds on the number of generated
             tokens (END included), clipped to `[1, max_length]`. Defaults to `None`
             (`max_length` for every example).
+        unk_id: int or `None`, the UNK token, never produced when given (CTranslate2's
+            `disable_unk`). Defaults to `None`: these searches do not know the vocabulary,
+            so they forbid only PAD and START; `Translator` passes UNK (its
+            `DecodingConfig.disable_unk` defaults to `True`).
 
     Returns:
         A `SearchResult`: `tokens` int32 `(B, max_length)` (no START, END included,
@@ -205,6 +216,7 @@ def greedy_search(
         end_id=end_id,
         pad_id=pad_id,
         max_lengths=max_lengths,
+        unk_id=unk_id,
     )
 
 
@@ -217,6 +229,7 @@ def greedy_search_uncached(
     end_id=2,
     pad_id=0,
     max_lengths=None,
+    unk_id=None,
 ):
     """Greedy decoding that recomputes the whole prefix every step (no cache).
 
@@ -239,6 +252,8 @@ def greedy_search_uncached(
         pad_id: int, appended to finished examples. Defaults to `0`.
         max_lengths: optional int `(B,)`, per-example bounds clipped to
             `[1, max_length]`. Defaults to `None`.
+        unk_id: int or `None`, a token never produced besides PAD and START, as in
+            `greedy_search`. Defaults to `None`.
 
     Returns:
         A `SearchResult` as returned by `greedy_search`.
@@ -253,6 +268,7 @@ def greedy_search_uncached(
     max_length = utils.check_max_length(max_length)
     batch_size = tf.convert_to_tensor(batch_size, tf.int32)
     bounds = utils.resolve_max_lengths(max_lengths, batch_size, max_length)  # (B,)
+    forbidden = utils.forbidden_ids(start_id, end_id, pad_id, unk_id)
     prefix = tf.fill([batch_size, 1], tf.constant(start_id, tf.int32))  # (B, 1)
 
     def cond(step, unused_prefix, state):
@@ -260,8 +276,10 @@ def greedy_search_uncached(
 
     def body(step, prefix, state):
         logits = tf.cast(logits_fn(prefix, encoder_state), tf.float32)  # (B, t, V)
-        log_probs = tf.nn.log_softmax(logits[:, -1, :], axis=-1)  # (B, V)
-        chosen = greedy_token(None, log_probs, step)  # (B,)
+        log_probs = utils.mask_tokens(
+            tf.nn.log_softmax(logits[:, -1, :], axis=-1), forbidden
+        )  # (B, V)
+        chosen = greedy_token(log_probs, step)  # (B,)
         chosen, state = _advance(step, chosen, log_probs, state, bounds, end_id, pad_id)
         prefix = tf.concat([prefix, chosen[:, None]], axis=1)  # (B, t + 1)
         return step + 1, prefix, state

@@ -5,8 +5,45 @@ import tensorflow as tf
 from keras_transformer.decoding.greedy_search import decode_single_path
 from keras_transformer.decoding import utils
 
-# Temperatures are floored at this value so that `temperature=0` means argmax, not NaN.
-_MIN_TEMPERATURE = 1e-6
+# Bits of a hashed random number turned into a uniform float32: its mantissa holds 24.
+_UNIFORM_BITS = 24
+
+
+def _check_top_k(top_k):
+    if isinstance(top_k, tf.Tensor) or int(top_k) != top_k or top_k < 0:
+        raise ValueError(
+            f"`top_k` must be a Python int >= 0 (0 keeps every token), got top_k={top_k!r}."
+        )
+    return int(top_k)
+
+
+def _check_in_range(value, name, low, high, rule):
+    """Checks `low < value <= high` now for a number, or when the graph runs for a tensor.
+
+    Returns:
+        `value` (as a float32 tensor behind its run-time check when it was a tensor).
+    """
+    if not isinstance(value, (tf.Tensor, tf.Variable)):
+        if not low < float(value) <= high:  # also refuses NaN
+            raise ValueError(f"`{name}` must be {rule}, got {name}={value!r}.")
+        return value
+    value = tf.cast(value, tf.float32)
+    check = tf.debugging.Assert(
+        (value > low) & (value <= high), [f"`{name}` must be {rule}, got", value]
+    )
+    with tf.control_dependencies([check]):
+        return tf.identity(value)
+
+
+def _check_temperature(temperature):
+    return _check_in_range(
+        temperature, "temperature", 0.0, float("inf"),
+        "> 0 (lower is greedier; use greedy search for the argmax)",
+    )
+
+
+def _check_top_p(top_p):
+    return _check_in_range(top_p, "top_p", 0.0, 1.0, "in (0, 1] (1 keeps every token)")
 
 
 def top_k_filter(logits, top_k):
@@ -14,13 +51,16 @@ def top_k_filter(logits, top_k):
 
     Args:
         logits: float32 `(B, V)`.
-        top_k: int, the number of tokens kept per row; `0` keeps all.
+        top_k: int `>= 0`, the number of tokens kept per row; `0` keeps all.
 
     Returns:
         float32 `(B, V)` with the masked logits set to `NEG_INF` (ties with the `top_k`-th
         value are kept).
+
+    Raises:
+        ValueError: when `top_k` is negative or not an int.
     """
-    if top_k <= 0:
+    if _check_top_k(top_k) == 0:
         return logits
     top_k = tf.minimum(top_k, tf.shape(logits)[-1])
     kth_largest = tf.math.top_k(logits, k=top_k).values[:, -1:]  # (B, 1)
@@ -40,9 +80,14 @@ def top_p_filter(logits, top_p):
     Returns:
         float32 `(B, V)` with the tokens outside the nucleus set to `NEG_INF`.
 
+    Raises:
+        ValueError: when a number `top_p` is outside `(0, 1]` (a tensor one fails when the
+            graph runs): `top_p <= 0` would mask every token and sample uniformly.
+
     References:
         Holtzman et al., 2020, "The Curious Case of Neural Text Degeneration".
     """
+    top_p = _check_top_p(top_p)
     if isinstance(top_p, (int, float)) and top_p >= 1.0:
         return logits
     sorted_logits = tf.sort(logits, axis=-1, direction="DESCENDING")  # (B, V)
@@ -57,12 +102,59 @@ def top_p_filter(logits, top_p):
 
 
 def _seed_tensor(seed):
-    """A `(2,)` int32 seed for the stateless RNG; a random one when `seed` is `None`."""
+    """A `(2,)` int64 seed; a random one when `seed` is `None`."""
     if seed is None:
-        return tf.random.uniform([2], maxval=tf.int32.max, dtype=tf.int32)
+        return tf.random.uniform([2], maxval=tf.int64.max, dtype=tf.int64)
     if isinstance(seed, int):
-        return tf.constant([seed, 0], tf.int32)
-    return tf.reshape(tf.cast(seed, tf.int32), [2])
+        return tf.constant([seed, 0], tf.int64)
+    seed = tf.cast(seed, tf.int64)
+    if seed.shape.rank == 0:
+        return tf.stack([seed, tf.zeros([], tf.int64)])
+    return tf.reshape(seed, [2])
+
+
+def _row_streams(seed, row_keys, batch_size):
+    """`(B, 3)` int64: the random stream of each row, `(seed[0], seed[1], row key)`."""
+    if row_keys is None:
+        row_keys = tf.range(batch_size, dtype=tf.int64)
+    row_keys = tf.reshape(tf.cast(row_keys, tf.int64), [-1])  # (B,)
+    seeds = tf.broadcast_to(seed[None], [tf.shape(row_keys)[0], 2])  # (B, 2)
+    return tf.concat([seeds, row_keys[:, None]], axis=1)
+
+
+def _uniforms(streams, step):
+    """One float32 in `[0, 1)` per row: the FarmHash fingerprint of `(stream, step)`.
+
+    A counter-based generator: the number depends only on the row's stream and the step,
+    not on the other rows (the stateless `tf.random` ops take one seed for a whole
+    tensor). `tf.fingerprint` is a core op, so the export runs on stock TF Serving.
+    """
+    steps = tf.fill([tf.shape(streams)[0], 1], tf.cast(step, tf.int64))  # (B, 1)
+    digest = tf.fingerprint(tf.concat([streams, steps], axis=1))  # (B, 8) uint8
+    num_bytes = _UNIFORM_BITS // 8
+    weights = tf.constant([256 ** (num_bytes - 1 - i) for i in range(num_bytes)], tf.int32)
+    bits = tf.reduce_sum(tf.cast(digest[:, :num_bytes], tf.int32) * weights, axis=1)  # (B,)
+    return tf.cast(bits, tf.float32) / float(2**_UNIFORM_BITS)
+
+
+def _inverse_cdf_sample(logits, uniforms):
+    """Draws one token per row of `softmax(logits)` with the given uniform numbers.
+
+    Token `i` is drawn when `cdf[i - 1] <= u * cdf[-1] < cdf[i]`, so a token of probability
+    0 (a masked logit) is never drawn.
+
+    Args:
+        logits: float32 `(B, V)`.
+        uniforms: float32 `(B,)` in `[0, 1)`.
+
+    Returns:
+        int32 `(B,)`.
+    """
+    cdf = tf.math.cumsum(tf.nn.softmax(logits, axis=-1), axis=-1)  # (B, V)
+    total = cdf[:, -1:]  # (B, 1), 1 up to rounding
+    # Strictly below the total, so the count below always names a token of the row.
+    threshold = tf.minimum(uniforms[:, None] * total, tf.math.nextafter(total, 0.0))
+    return tf.reduce_sum(tf.cast(cdf <= threshold, tf.int32), axis=-1)
 
 
 def sample(
@@ -78,14 +170,19 @@ def sample(
     end_id=2,
     pad_id=0,
     max_lengths=None,
+    unk_id=None,
+    row_keys=None,
 ):
     """Samples one continuation per example, token by token, with a cached decoder step.
 
-    At every step the logits are divided by `temperature`, then restricted to the `top_k`
-    most likely tokens and to the top-p nucleus, and a token is drawn with
-    `tf.random.stateless_categorical` seeded by `fold_in(seed, step)`, so a given seed
-    gives the same samples eagerly, in a `tf.function` and in a SavedModel. Stopping,
-    bounds and outputs are as in `greedy_search`.
+    At every step PAD and START (and UNK when `unk_id` is given) are masked, the
+    log-probabilities are divided by `temperature`, restricted to the `top_k` most likely
+    tokens and to the top-p nucleus, and a token is drawn by inverse-CDF sampling with one
+    uniform number per row. That number is a hash (`tf.fingerprint`) of `seed`, the row's
+    key in `row_keys` and the step, so a row's sample depends only on its seed, its key and
+    its own logits, never on the other rows, and a given seed gives the same samples
+    eagerly, in a `tf.function` and in a SavedModel. Stopping, bounds and outputs are as
+    in `greedy_search`.
 
     Args:
         next_logits: callable `(tokens, cache, index) -> (logits, cache)` as in
@@ -93,23 +190,36 @@ def sample(
         initial_cache: nest of tensors with leading axis `B`.
         batch_size: int or int32 scalar tensor, `B`.
         max_length: int, the static number of steps.
-        temperature: float or float32 scalar tensor, `> 0`; lower is greedier, `0`
-            means argmax. Defaults to `1.0`.
-        top_k: int, sample among the `top_k` most likely tokens; `0` disables.
+        temperature: float or float32 scalar tensor, `> 0`; lower is greedier. Defaults
+            to `1.0`.
+        top_k: int `>= 0`, sample among the `top_k` most likely tokens; `0` disables.
             Defaults to `0`.
-        top_p: float in `(0, 1]`, sample inside the nucleus of this mass; `1.0`
-            disables. Defaults to `1.0`.
-        seed: `None`, an int, or an int `(2,)` tensor for the stateless RNG. `None`
-            draws a fresh seed on every call. Defaults to `None`.
+        top_p: float or float32 scalar tensor in `(0, 1]`, sample inside the nucleus of
+            this mass; `1.0` disables. Defaults to `1.0`.
+        seed: `None`, an int, or an int scalar or `(2,)` tensor. `None` draws a fresh
+            seed on every call. Defaults to `None`.
         start_id: int, the START token. Defaults to `1`.
         end_id: int, the END token. Defaults to `2`.
         pad_id: int, written after END. Defaults to `0`.
         max_lengths: optional int `(B,)`, per-example bounds clipped to
             `[1, max_length]`. Defaults to `None`.
+        unk_id: int or `None`, the UNK token, never produced when given, as in
+            `greedy_search`. Defaults to `None`.
+        row_keys: optional int `(B,)`, each row's key into the random stream of `seed`:
+            rows with the same seed and key draw the same random numbers, wherever they
+            sit in the batch. Defaults to `None`, the row's index, which gives the rows of
+            one call different numbers but makes a row's sample depend on its position;
+            pass keys (the exported `translate_seeded` signature passes the request's
+            per-sentence seeds) to make it independent of the batch.
 
     Returns:
         A `SearchResult` as returned by `greedy_search`; `scores` sums the model's own
         log-probabilities (temperature 1, unfiltered) of the sampled tokens.
+
+    Raises:
+        ValueError: when `temperature <= 0`, `top_k < 0` or `top_p` is outside
+            `(0, 1]` (tensors are checked when the graph runs and raise
+            `tf.errors.InvalidArgumentError`).
 
     Example:
 
@@ -118,17 +228,19 @@ def sample(
     >>> sample(next_logits, {}, 1, 3, top_k=1, seed=7).tokens.numpy().tolist()
     [[2, 0, 0]]
     """
-    seed = _seed_tensor(seed)
-    temperature = tf.maximum(tf.cast(temperature, tf.float32), _MIN_TEMPERATURE)
+    temperature = _check_temperature(temperature)
+    top_k = _check_top_k(top_k)
+    top_p = _check_top_p(top_p)
+    batch_size = tf.convert_to_tensor(batch_size, tf.int32)
+    streams = _row_streams(_seed_tensor(seed), row_keys, batch_size)  # (B, 3)
 
-    def select_token(logits, unused_log_probs, step):
-        logits = logits / temperature  # (B, V)
+    def select_token(log_probs, step):
+        # Log-probabilities differ from the logits by a constant per row, so they give the
+        # same tempered, filtered distribution, with the forbidden tokens masked already.
+        logits = log_probs / temperature  # (B, V)
         logits = top_k_filter(logits, top_k)
         logits = top_p_filter(logits, top_p)
-        step_seed = tf.random.experimental.stateless_fold_in(seed, step)
-        return tf.random.stateless_categorical(
-            logits, 1, seed=step_seed, dtype=tf.int32
-        )[:, 0]  # (B,)
+        return _inverse_cdf_sample(logits, _uniforms(streams, step))  # (B,)
 
     return decode_single_path(
         next_logits,
@@ -140,4 +252,5 @@ def sample(
         end_id=end_id,
         pad_id=pad_id,
         max_lengths=max_lengths,
+        unk_id=unk_id,
     )

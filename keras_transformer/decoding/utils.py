@@ -6,6 +6,7 @@ use it trace once inside a `tf.function` whose batch dimension is unknown (`None
 
 import collections
 
+import numpy as np
 import tensorflow as tf
 
 # A large finite negative used for impossible hypotheses and masked logits. Finite (not
@@ -39,6 +40,65 @@ class SearchResult(
     """
 
     __slots__ = ()
+
+
+def forbidden_ids(start_id, end_id, pad_id, unk_id=None):
+    """The tokens a search never produces: PAD, START and, when `unk_id` is given, UNK.
+
+    PAD only fills the positions after END and START only opens the decoder input, so a
+    model that gives them probability (an undertrained one, or one whose loss never saw
+    them as labels) must not get them into an output. END is never forbidden, even when it
+    shares an id with one of them.
+
+    Args:
+        start_id: int, the START token.
+        end_id: int, the END token.
+        pad_id: int, the padding token.
+        unk_id: int or `None`, the UNK token to forbid as well. Defaults to `None`.
+
+    Returns:
+        A sorted tuple of ints.
+
+    Example:
+
+    >>> forbidden_ids(start_id=1, end_id=2, pad_id=0, unk_id=3)
+    (0, 1, 3)
+    """
+    ids = {pad_id, start_id} if unk_id is None else {pad_id, start_id, unk_id}
+    return tuple(sorted(int(i) for i in ids - {end_id}))
+
+
+def mask_tokens(scores, token_ids):
+    """Sets the columns `token_ids` of `scores` to `NEG_INF`, so no search can choose them.
+
+    The searches call it on the log-probabilities, after the softmax: the remaining tokens
+    keep the model's own log-probabilities (the scores are not renormalized), as fairseq
+    does for PAD. With a static vocabulary size the mask is a constant and the step costs
+    one `tf.where`.
+
+    Args:
+        scores: float32 `(..., V)` logits or log-probabilities.
+        token_ids: sequence of ints, the columns to mask; ids outside `[0, V)` are ignored.
+
+    Returns:
+        float32 `(..., V)`.
+
+    Example:
+
+    >>> mask_tokens(tf.zeros([1, 4]), (0, 1)).numpy().tolist()
+    [[-1000000000.0, -1000000000.0, 0.0, 0.0]]
+    """
+    if not token_ids:
+        return scores
+    vocab_size = scores.shape[-1]
+    if vocab_size is not None:
+        mask = np.zeros([vocab_size], bool)
+        mask[[i for i in token_ids if 0 <= i < vocab_size]] = True
+        mask = tf.constant(mask)  # (V,)
+    else:
+        columns = tf.range(tf.shape(scores)[-1], dtype=tf.int32)[:, None]  # (V, 1)
+        mask = tf.reduce_any(tf.equal(columns, tf.constant(token_ids, tf.int32)), axis=-1)
+    return tf.where(mask, tf.constant(NEG_INF, scores.dtype), scores)
 
 
 def length_penalty(length, alpha):

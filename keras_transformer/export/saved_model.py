@@ -22,8 +22,9 @@ def export_translator(translator, base_dir, version=None, metadata=None):
 
     The SavedModel is written to a hidden temporary directory beside its final place and
     renamed when complete, so a model server polling `base_dir` never loads a half-written
-    version. Signatures: `serving_default` and `translate` (the export-time search) and,
-    unless that search is greedy, `translate_greedy`. The tokenizer models are SavedModel
+    version. Signatures: `serving_default` and `translate` (the export-time search),
+    unless that search is greedy `translate_greedy`, and for a sampling export
+    `translate_seeded(text, seed)` (see `Translator`). The tokenizer models are SavedModel
     assets; `assets.extra/translator.json` records the decoding settings and `metadata`.
 
     Args:

@@ -6,14 +6,25 @@ import tensorflow as tf
 
 from keras_transformer import decoding
 from keras_transformer.model import TransformerParts
-from keras_transformer.text import END_ID, PAD_ID, START_ID
+from keras_transformer.text import END_ID, PAD_ID, START_ID, UNK_ID
 
 SEARCHES = ("beam", "greedy", "greedy_uncached", "sample")
 
 
 @dataclasses.dataclass
 class DecodingConfig:
-    """How a `Translator` decodes; fixed when the SavedModel is exported."""
+    """How a `Translator` decodes; fixed when the SavedModel is exported.
+
+    Whatever the search, PAD and START are never produced, and UNK neither unless
+    `disable_unk=False`. Invalid values raise `ValueError` here, at export time.
+
+    Position limits: a model with a learned position table (`learned_positions=True`)
+    knows only `max_length` positions, so `Translator` refuses a `max_input_length` or a
+    `max_output_length` above that number rather than export a graph that fails inside
+    the server on the first long request. Sinusoidal positions are computed for any
+    position, so they set no limit (quality past the lengths seen in training is another
+    matter).
+    """
 
     # "beam", "greedy" (cached), "greedy_uncached" (recomputes the prefix; a reference for
     # benchmarks) or "sample".
@@ -28,11 +39,14 @@ class DecodingConfig:
     extra_length: int = 50
     # ... and never more than this; also the static length of the decoder cache.
     max_output_length: int = 128
-    # Sampling only: softmax temperature, top-k (0 = off), nucleus top-p (1.0 = off), seed.
+    # Sampling only: softmax temperature (> 0), top-k (0 = off), nucleus top-p in (0, 1]
+    # (1.0 = off). No seed here: `translate` draws a fresh random seed on every call,
+    # `translate_seeded(text, seed)` takes one seed per sentence.
     temperature: float = 1.0
     top_k: int = 0
     top_p: float = 1.0
-    seed: int = 0
+    # Never produce the UNK piece (CTranslate2's `disable_unk`): it detokenizes to " ⁇ ".
+    disable_unk: bool = True
 
     def __post_init__(self):
         if self.search not in SEARCHES:
@@ -42,9 +56,51 @@ class DecodingConfig:
                 raise ValueError(f"`{name}` must be positive, got {name}={getattr(self, name)}.")
         if self.extra_length < 0:
             raise ValueError(f"`extra_length` must be >= 0, got {self.extra_length}.")
+        if not self.temperature > 0:
+            raise ValueError(
+                f"`temperature` must be > 0 (lower is greedier; use search='greedy' for the "
+                f"argmax), got temperature={self.temperature}."
+            )
+        if int(self.top_k) != self.top_k or self.top_k < 0:
+            raise ValueError(f"`top_k` must be an int >= 0 (0 = off), got top_k={self.top_k}.")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"`top_p` must be in (0, 1] (1 = off), got top_p={self.top_p}.")
 
 
 TEXT_SPEC = tf.TensorSpec([None], tf.string, name="text")
+# One seed per sentence, so that TF Serving's server-side batching, which concatenates
+# requests along axis 0, can batch it (a scalar input cannot be batched).
+SEED_SPEC = tf.TensorSpec([None], tf.int64, name="seed")
+
+
+def check_position_limits(parts, config):
+    """Refuses decoding lengths past a learned position table (see `DecodingConfig`).
+
+    The encoder embeds up to `max_input_length` source positions and the decoder
+    `max_output_length` target positions (`0 ... max_output_length - 1`).
+
+    Args:
+        parts: `TransformerParts` of the model.
+        config: `DecodingConfig`.
+
+    Raises:
+        ValueError: naming the length, the table size and the fix.
+    """
+    for name, embedding, length in (
+        ("max_input_length", parts.source_embedding, config.max_input_length),
+        ("max_output_length", parts.target_embedding, config.max_output_length),
+    ):
+        if not getattr(embedding, "learned_positions", False):
+            continue  # sinusoids are defined for every position
+        table = embedding.max_length
+        if length > table:
+            raise ValueError(
+                f"{name}={length} exceeds the model's learned position table "
+                f"({embedding.name} has {table} positions, the model's max_length): a request "
+                f"that long would fail inside the server. Export with {name} <= {table} "
+                f"(`--{name.replace('_', '-')} {table}`), or train a model with a larger "
+                "max_length or sinusoidal positions."
+            )
 
 
 def _tf_variable(variable):
@@ -75,11 +131,28 @@ class Translator(tf.Module):
     U+FFFD before tokenization; output length is bounded by `min(source length +
     extra_length, max_output_length)`.
 
+    Sampling (`config.search == "sample"`): `translate` draws a fresh random seed on
+    every call (the sentences of a call get different random numbers).
+    `translate_seeded(text, seed)` takes one int64 seed per sentence (`seed: int64 [None]`,
+    as long as `text`): a sentence's sample depends only on the sentence and its seed,
+    never on the other sentences of the batch, so the same sentence and seed give the same
+    sample alone, inside any batch, and under TF Serving's server-side batching. Repeat one
+    seed for every sentence to seed a whole request; give one sentence several seeds to get
+    several samples of it. Through TF Serving REST:
+    `{"signature_name": "translate_seeded", "instances": [{"text": "A dog.", "seed": 7}]}`;
+    with saved_model_cli: `--signature_def translate_seeded --input_exprs
+    'text=["A dog."];seed=[7]'`. (TF Serving signatures have no optional inputs, hence a
+    second signature.)
+
     Args:
         model: a `keras.Model` from `build_transformer` (or its loaded `.keras` file).
         source_tokenizer: `SubwordTokenizer` of the source language.
         target_tokenizer: `SubwordTokenizer` of the target language (may be the same).
         config: `DecodingConfig`. Defaults to beam search with 4 beams, alpha 0.6.
+
+    Raises:
+        ValueError: when the model has learned positions and `config.max_input_length` or
+            `config.max_output_length` exceeds its position table.
 
     Example:
     >>> translator = Translator(model, tokenizer, tokenizer, DecodingConfig(beam_size=4))
@@ -98,6 +171,7 @@ class Translator(tf.Module):
         self.target_tokenizer = target_tokenizer
         self.config = config or DecodingConfig()
         self._parts = TransformerParts(model)
+        check_position_limits(self._parts, self.config)
         # autograph=False: the searches are explicit `tf.while_loop`s and the layers branch
         # only on Python values, so nothing needs converting; it also keeps tracing from
         # re-reading source files (a process whose sources changed on disk still traces).
@@ -110,11 +184,25 @@ class Translator(tf.Module):
             lambda text: self._translate(text, "greedy"), input_signature=[TEXT_SPEC],
             autograph=False,
         )
+        if self.config.search == "sample":
+            self.translate_seeded = tf.function(
+                lambda text, seed: self._translate(text, "sample", seed),
+                input_signature=[TEXT_SPEC, SEED_SPEC],
+                autograph=False,
+            )
 
-    def _translate(self, text, search):
+    def _translate(self, text, search, seeds=None):
         text = tf.reshape(text, [-1])
         batch_size = tf.shape(text)[0]
         config = self.config
+        if seeds is not None:
+            seeds = tf.reshape(seeds, [-1])
+            check = tf.debugging.assert_equal(
+                tf.shape(seeds), tf.shape(text),
+                message="`seed` needs one int64 per sentence of `text`",
+            )
+            with tf.control_dependencies([check]):
+                seeds = tf.identity(seeds)
         source = self.source_tokenizer.tokenize(
             text, max_length=config.max_input_length, add_end=True
         )  # ragged (B, None), END last
@@ -123,14 +211,14 @@ class Translator(tf.Module):
         width = tf.maximum(tf.reduce_max(tf.concat([source_lengths, [1]], 0)), 1)
         source_ids = source.to_tensor(PAD_ID, shape=[batch_size, width])  # (B, S)
         max_lengths = tf.minimum(source_lengths + config.extra_length, config.max_output_length)
-        result = self._search(source_ids, batch_size, max_lengths, search)
+        result = self._search(source_ids, batch_size, max_lengths, search, seeds)
         return {
             "translation": self.target_tokenizer.detokenize(result.tokens),
             "score": tf.cast(result.scores, tf.float32),
             "length": tf.cast(result.lengths, tf.int32),
         }
 
-    def _search(self, source_ids, batch_size, max_lengths, search):
+    def _search(self, source_ids, batch_size, max_lengths, search, seeds=None):
         config, parts = self.config, self._parts
         memory, memory_mask = parts.encode(source_ids)
         common = dict(
@@ -140,6 +228,7 @@ class Translator(tf.Module):
             end_id=END_ID,
             pad_id=PAD_ID,
             max_lengths=max_lengths,
+            unk_id=UNK_ID if config.disable_unk else None,
         )
         if search == "greedy_uncached":
             return decoding.greedy_search_uncached(
@@ -160,7 +249,11 @@ class Translator(tf.Module):
             temperature=config.temperature,
             top_k=config.top_k,
             top_p=config.top_p,
-            seed=config.seed,
+            # Unseeded: a fresh random seed per call, rows apart by their index. Seeded:
+            # each sentence's own seed is its key into one fixed stream, so nothing else
+            # in the batch matters.
+            seed=None if seeds is None else 0,
+            row_keys=seeds,
             **common,
         )
 
@@ -175,9 +268,15 @@ class Translator(tf.Module):
         return [t.decode("utf-8") for t in outputs["translation"].numpy().tolist()]
 
     def signatures(self):
-        """The concrete functions exported as signatures (`serving_default` = `translate`)."""
+        """The concrete functions exported as signatures, by name.
+
+        `translate` (also `serving_default`): the export-time search; `translate_greedy`
+        unless that search is greedy; `translate_seeded(text, seed)` for a sampling export.
+        """
         translate = self.translate.get_concrete_function()
         signatures = {"serving_default": translate, "translate": translate}
         if self.config.search != "greedy":
             signatures["translate_greedy"] = self.translate_greedy.get_concrete_function()
+        if self.config.search == "sample":
+            signatures["translate_seeded"] = self.translate_seeded.get_concrete_function()
         return signatures

@@ -9,7 +9,7 @@ searches of `reference.py` use. `HistoryModel` also has the uncached view
 import numpy as np
 import tensorflow as tf
 
-PAD_ID, START_ID, END_ID = 0, 1, 2
+PAD_ID, START_ID, END_ID, UNK_ID = 0, 1, 2, 3
 
 # Logit of a token a model can never produce (finite, like the searches' own masks).
 IMPOSSIBLE_LOGIT = -1e9
@@ -150,3 +150,38 @@ class NeverEndModel:
     def next_logits(self, tokens, cache, index):
         batch_size = tf.shape(tokens)[0]
         return tf.tile(tf.constant(self.row)[None], [batch_size, 1]), cache
+
+
+class ReservedPreferringModel:
+    """A model that prefers the reserved tokens: PAD, then START, then UNK.
+
+    Its logits ignore the history: before step `end_step` they rank PAD > START > UNK >
+    `UNK_ID + 1` > the other real tokens > END; from `end_step` on, END moves between
+    START and UNK. A search that masks PAD and START therefore outputs `end_step` UNKs and
+    END, and with UNK forbidden `end_step` tokens `UNK_ID + 1` and END; a search that masks
+    nothing outputs PAD forever.
+
+    Args:
+        vocab_size: int, at least `UNK_ID + 3`.
+        end_step: int, the first step at which END beats UNK.
+    """
+
+    def __init__(self, vocab_size=7, end_step=2):
+        before = np.zeros([vocab_size], np.float32)
+        before[[PAD_ID, START_ID, UNK_ID, UNK_ID + 1]] = [9.0, 8.0, 7.0, 6.0]
+        before[END_ID] = -1.0
+        after = before.copy()
+        after[END_ID] = 7.5
+        self.rows = np.stack([before, after])  # (2, V)
+        self.end_step = end_step
+        self.vocab_size = vocab_size
+
+    def next_logits(self, tokens, cache, index):
+        row = tf.gather(tf.constant(self.rows), tf.cast(index >= self.end_step, tf.int32))
+        return tf.tile(row[None], [tf.shape(tokens)[0], 1]), cache  # (N, V)
+
+    def logits_fn(self, prefix, unused_state):
+        """Uncached view: the same logits at every position of `prefix` `(B, t)`."""
+        steps = tf.range(tf.shape(prefix)[1])  # (t,)
+        rows = tf.gather(tf.constant(self.rows), tf.cast(steps >= self.end_step, tf.int32))
+        return tf.tile(rows[None], [tf.shape(prefix)[0], 1, 1])  # (B, t, V)

@@ -6,7 +6,7 @@ vectorized TensorFlow searches (gather indices, cache reordering, bookkeeping).
 
 import numpy as np
 
-from tests.decoding.fake_models import END_ID, START_ID
+from tests.decoding.fake_models import END_ID, PAD_ID, START_ID
 
 
 def penalty(length, alpha):
@@ -18,7 +18,8 @@ def greedy(model, bound, source=0):
     prefix, total = [START_ID], 0.0
     for _ in range(bound):
         log_probs = model.log_probs(prefix, source)
-        token = int(np.argmax(log_probs))
+        token = int(np.argmax(np.where(np.isin(np.arange(len(log_probs)), [PAD_ID, START_ID]),
+                                       -np.inf, log_probs)))
         total += log_probs[token]
         prefix.append(token)
         if token == END_ID:
@@ -27,7 +28,8 @@ def greedy(model, bound, source=0):
 
 
 def beam(model, bound, beam_size, alpha, source=0):
-    """The beam search `beam_search` documents.
+    """The beam search `beam_search` documents: 2K candidates per step (1 for beam 1), the
+    finished ones set aside, the K best others kept alive.
 
     Returns:
         `(finished, steps)`: `finished` a list of `(score, log_prob, tokens)` best first,
@@ -42,16 +44,18 @@ def beam(model, bound, beam_size, alpha, source=0):
         for prefix, log_prob in alive:
             log_probs = model.log_probs(prefix, source)
             for token, token_log_prob in enumerate(log_probs):
-                if token_log_prob > -1e8:
+                if token_log_prob > -1e8 and token not in (PAD_ID, START_ID):
                     candidates.append((log_prob + token_log_prob, prefix + [token]))
         candidates.sort(key=lambda c: -c[0])  # stable: earlier beam, lower token first
         length = step + 1
         alive = []
         new = []
-        for log_prob, prefix in candidates[:beam_size]:
+        # 2K candidates, so K stay alive however many of them finish; one for beam 1.
+        num_candidates = 2 * beam_size if beam_size > 1 else 1
+        for log_prob, prefix in candidates[:num_candidates]:
             if prefix[-1] == END_ID or length >= bound:
                 new.append((log_prob / penalty(length, alpha), log_prob, prefix[1:]))
-            else:
+            elif len(alive) < beam_size:
                 alive.append((prefix, log_prob))
         finished = sorted(finished + new, key=lambda f: -f[0])[:beam_size]
         if not alive:
@@ -61,3 +65,23 @@ def beam(model, bound, beam_size, alpha, source=0):
         if len(finished) == beam_size and finished[-1][0] >= best_alive / largest:
             break
     return finished, steps
+
+
+def exhaustive_best(model, bound, alpha, source=0):
+    """The best hypothesis over all of them, `(score, log_prob, tokens)`, by enumeration.
+
+    Only for models with few possible tokens per step (tokens below -1e8 are skipped).
+    """
+    best = (-np.inf, None, None)
+    stack = [([START_ID], 0.0)]
+    while stack:
+        prefix, log_prob = stack.pop()
+        for token, token_log_prob in enumerate(model.log_probs(prefix, source)):
+            if token_log_prob <= -1e8 or token in (PAD_ID, START_ID):
+                continue
+            total, tokens = log_prob + token_log_prob, prefix[1:] + [token]
+            if token == END_ID or len(tokens) >= bound:
+                best = max(best, (total / penalty(len(tokens), alpha), total, tokens))
+            else:
+                stack.append((prefix + [token], total))
+    return best

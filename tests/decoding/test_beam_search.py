@@ -8,8 +8,12 @@ from keras_transformer.decoding import beam_search, greedy_search, length_penalt
 from tests.decoding import reference
 from tests.decoding.fake_models import (
     END_ID,
+    PAD_ID,
+    START_ID,
+    UNK_ID,
     HistoryModel,
     NeverEndModel,
+    ReservedPreferringModel,
     TableModel,
 )
 
@@ -226,3 +230,58 @@ def test_finished_beam_with_certain_end_stops_search():
 def test_beam_rejects_bad_beam_size():
     with pytest.raises(ValueError, match="beam_size"):
         beam_search(NeverEndModel().next_logits, {}, 1, 3, beam_size=0)
+
+
+@pytest.mark.parametrize("beam_size", [1, 3])
+def test_beam_never_produces_pad_or_start_and_forbids_unk_on_request(beam_size):
+    model = ReservedPreferringModel(end_step=2)
+    for unk_id, forbidden in ((None, [PAD_ID, START_ID]), (UNK_ID, [PAD_ID, START_ID, UNK_ID])):
+        result = beam_search(
+            model.next_logits, {}, 2, 6, beam_size=beam_size, alpha=0.6, unk_id=unk_id,
+            return_all_beams=True,
+        )
+        tokens, lengths = result.tokens.numpy(), result.lengths.numpy()
+        for b in range(2):
+            for k in range(beam_size):
+                assert not np.isin(tokens[b, k, : lengths[b, k]], forbidden).any(), (
+                    unk_id, tokens[b, k])
+        best = UNK_ID if unk_id is None else UNK_ID + 1
+        np.testing.assert_array_equal(tokens[:, 0], [[best, best, END_ID, 0, 0, 0]] * 2)
+
+
+def _two_k_trap_table():
+    """A Markov table where keeping only the K best candidates loses the best hypothesis.
+
+    With K = 2 and alpha = 1, at step 1 the candidates rank B D (0.36), A END (0.33),
+    A C (0.27), B END (0.04). Taking the K best keeps B D alive and finishes A END, so the
+    alive set shrinks to one beam and A C is dropped; taking 2K finishes A END and B END and
+    keeps both B D and A C alive. A C G END (length 4, log-prob log 0.27) has the best
+    normalized score of all hypotheses, -1.309 / 1.5 = -0.873, ahead of B D H END
+    (-0.919) and A END (-0.950).
+    """
+    a, b, c, d, g, h = 3, 4, 5, 6, 7, 8
+    probs = np.zeros([9, 9])
+    probs[:, END_ID] = 1.0  # rows that are never used
+    probs[1] = 0.0
+    probs[1, [a, b]] = [0.6, 0.4]
+    probs[a] = 0.0
+    probs[a, [END_ID, c]] = [0.55, 0.45]
+    probs[b] = 0.0
+    probs[b, [d, END_ID]] = [0.9, 0.1]
+    probs[c] = 0.0
+    probs[c, g] = 1.0
+    probs[d] = 0.0
+    probs[d, [END_ID, h]] = [0.3, 0.7]
+    return probs, [a, c, g, END_ID]
+
+
+def test_beam_keeps_k_alive_hypotheses_when_one_finishes():
+    probs, best = _two_k_trap_table()
+    model = TableModel(probs)
+    result = beam_search(model.next_logits, {}, 1, 6, beam_size=2, alpha=1.0)
+    # The exhaustive search over every hypothesis agrees on the best one.
+    exhaustive_best = reference.exhaustive_best(model, 6, alpha=1.0)
+    assert exhaustive_best[2] == best
+    np.testing.assert_array_equal(result.tokens[0, :4], best)
+    np.testing.assert_allclose(result.normalized_scores[0], exhaustive_best[0], rtol=1e-5)
+    np.testing.assert_allclose(result.scores[0], np.log(0.6 * 0.45), rtol=1e-5)

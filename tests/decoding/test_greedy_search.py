@@ -8,8 +8,12 @@ from keras_transformer.decoding import greedy_search, greedy_search_uncached
 from tests.decoding import reference
 from tests.decoding.fake_models import (
     END_ID,
+    PAD_ID,
+    START_ID,
+    UNK_ID,
     HistoryModel,
     NeverEndModel,
+    ReservedPreferringModel,
     TableModel,
 )
 
@@ -144,3 +148,31 @@ def test_max_length_must_be_a_python_int():
         greedy_search(NeverEndModel().next_logits, {}, 1, tf.constant(3))
     with pytest.raises(ValueError, match="at least 1"):
         greedy_search(NeverEndModel().next_logits, {}, 1, 0)
+
+
+def _reserved_free(tokens, lengths, forbidden):
+    return not any(np.isin(row[:n], forbidden).any() for row, n in zip(tokens, lengths))
+
+
+@pytest.mark.parametrize("cached", [True, False], ids=["cached", "uncached"])
+def test_greedy_never_produces_pad_or_start_and_forbids_unk_on_request(cached):
+    model = ReservedPreferringModel(end_step=2)
+
+    def run(**kwargs):
+        if cached:
+            return greedy_search(model.next_logits, {}, 2, 6, **kwargs)
+        return greedy_search_uncached(model.logits_fn, (), 2, 6, **kwargs)
+
+    allowed = run()  # UNK is allowed by default in the library functions
+    np.testing.assert_array_equal(allowed.tokens, [[UNK_ID, UNK_ID, END_ID, 0, 0, 0]] * 2)
+    forbidden = run(unk_id=UNK_ID)
+    np.testing.assert_array_equal(
+        forbidden.tokens, [[UNK_ID + 1, UNK_ID + 1, END_ID, 0, 0, 0]] * 2
+    )
+    for result in (allowed, forbidden):
+        assert _reserved_free(result.tokens.numpy(), result.lengths.numpy(), [PAD_ID, START_ID])
+        assert np.all(np.isfinite(result.scores.numpy()))
+    # The score stays the model's own log-probability of the chosen tokens.
+    log_probs = [tf.nn.log_softmax(row).numpy() for row in model.rows]
+    expected = log_probs[0][UNK_ID + 1] * 2 + log_probs[1][END_ID]
+    np.testing.assert_allclose(forbidden.scores, [expected] * 2, rtol=1e-5)

@@ -5,7 +5,16 @@ import pytest
 import tensorflow as tf
 
 from keras_transformer.decoding import greedy_search, sample, top_k_filter, top_p_filter
-from tests.decoding.fake_models import END_ID, HistoryModel, NeverEndModel, TableModel
+from tests.decoding.fake_models import (
+    END_ID,
+    PAD_ID,
+    START_ID,
+    UNK_ID,
+    HistoryModel,
+    NeverEndModel,
+    ReservedPreferringModel,
+    TableModel,
+)
 
 # One step whose distribution is known: tokens 3, 4, 5, END with these probabilities.
 _PROBS = np.array([0.0, 0.0, 0.05, 0.5, 0.3, 0.15])
@@ -79,12 +88,86 @@ def test_top_k_one_equals_greedy():
 def test_near_zero_temperature_behaves_like_greedy():
     model, sources = _history_inputs()
     greedy = greedy_search(model.next_logits, model.initial_cache(sources), 16, 10)
-    for temperature in (1e-4, 0.0):
-        sampled = sample(
-            model.next_logits, model.initial_cache(sources), 16, 10,
-            temperature=temperature, seed=6,
+    sampled = sample(
+        model.next_logits, model.initial_cache(sources), 16, 10, temperature=1e-4, seed=6,
+    )
+    np.testing.assert_array_equal(sampled.tokens, greedy.tokens)
+
+
+@pytest.mark.parametrize(
+    "settings, message",
+    [
+        (dict(temperature=0.0), "temperature"),
+        (dict(temperature=-1.0), "temperature"),
+        (dict(top_k=-1), "top_k"),
+        (dict(top_p=0.0), "top_p"),
+        (dict(top_p=-0.5), "top_p"),
+        (dict(top_p=1.5), "top_p"),
+    ],
+)
+def test_invalid_sampling_settings_are_refused(settings, message):
+    with pytest.raises(ValueError, match=message):
+        sample(NeverEndModel().next_logits, {}, 2, 3, seed=1, **settings)
+
+
+def test_filters_refuse_invalid_values():
+    logits = tf.math.log(tf.constant([_PROBS + 1e-9], tf.float32))
+    with pytest.raises(ValueError, match="top_p"):
+        top_p_filter(logits, 0.0)
+    with pytest.raises(ValueError, match="top_k"):
+        top_k_filter(logits, -2)
+
+
+def test_invalid_temperature_tensor_fails_at_run_time():
+    run = tf.function(
+        lambda temperature: sample(
+            NeverEndModel().next_logits, {}, 2, 3, temperature=temperature, seed=1
+        ).tokens
+    )
+    with pytest.raises(tf.errors.InvalidArgumentError, match="temperature"):
+        run(tf.constant(0.0))
+    assert run(tf.constant(0.5)).shape == (2, 3)
+
+
+def test_sampling_never_produces_pad_or_start_and_forbids_unk_on_request():
+    model = ReservedPreferringModel(end_step=3)
+    for unk_id, forbidden in ((None, [PAD_ID, START_ID]), (UNK_ID, [PAD_ID, START_ID, UNK_ID])):
+        result = sample(model.next_logits, {}, 300, 6, seed=13, unk_id=unk_id)
+        tokens, lengths = result.tokens.numpy(), result.lengths.numpy()
+        produced = np.concatenate([row[:n] for row, n in zip(tokens, lengths)])
+        assert not np.isin(produced, forbidden).any(), unk_id
+    # The filters keep the masks: top-k and top-p never reopen a reserved token.
+    result = sample(model.next_logits, {}, 300, 6, seed=14, top_k=3, top_p=0.99, unk_id=UNK_ID)
+    tokens, lengths = result.tokens.numpy(), result.lengths.numpy()
+    produced = np.concatenate([row[:n] for row, n in zip(tokens, lengths)])
+    assert not np.isin(produced, [PAD_ID, START_ID, UNK_ID]).any()
+
+
+def test_a_row_sample_depends_on_its_key_not_on_its_batch_neighbours():
+    model, sources = _history_inputs()
+    keys = [100 + 7 * i for i in range(len(sources))]
+
+    def run(rows):
+        return sample(
+            model.next_logits, model.initial_cache([sources[i] for i in rows]), len(rows), 10,
+            seed=3, row_keys=tf.constant([keys[i] for i in rows], tf.int64),
         )
-        np.testing.assert_array_equal(sampled.tokens, greedy.tokens)
+
+    batch = run(list(range(16)))
+    order = [5, 2, 9]
+    reordered = run(order)
+    for position, row in enumerate(order):
+        np.testing.assert_array_equal(reordered.tokens[position], batch.tokens[row])
+        np.testing.assert_allclose(reordered.scores[position], batch.scores[row], rtol=1e-6)
+    alone = run([7])
+    np.testing.assert_array_equal(alone.tokens[0], batch.tokens[7])
+    # Rows with different keys draw different random numbers: the same example under
+    # 16 keys gives several different samples.
+    same = sample(
+        model.next_logits, model.initial_cache([sources[0]] * 16), 16, 10, seed=3,
+        row_keys=tf.constant(keys, tf.int64),
+    )
+    assert len({tuple(row) for row in same.tokens.numpy()}) > 1
 
 
 def test_seeded_sampling_is_reproducible_and_seed_dependent():

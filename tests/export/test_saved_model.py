@@ -272,3 +272,44 @@ def test_versions_are_numbered_and_never_overwritten(copy_task, tmp_path, monkey
         export_translator(translator, base)
     assert sorted(p.name for p in base.iterdir()) == ["1", "2"]
     assert not list(base.glob(".tmp-*"))
+
+
+@pytest.fixture(scope="module")
+def sampling_export(copy_task, tmp_path_factory):
+    translator = copy_task.translator(search="sample", temperature=1.5, top_p=0.95)
+    return translator, export_translator(translator, tmp_path_factory.mktemp("sampling") / "t")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_sampling_export_takes_one_seed_per_sentence_in_saved_model_cli(
+    sampling_export, copy_task
+):
+    """`translate_seeded(text: string[-1], seed: int64[-1])` runs in the TF1 session loader
+    (TF Serving's) and gives what the in-process Translator gives for the same seeds."""
+    translator, saved_model_dir = sampling_export
+    definition = signature_defs(saved_model_dir)["translate_seeded"]
+    assert set(definition.inputs) == {"text", "seed"}
+    assert definition.inputs["seed"].dtype == types_pb2.DT_INT64
+    assert [d.size for d in definition.inputs["seed"].tensor_shape.dim] == [-1]
+    assert set(definition.outputs) == set(OUTPUT_DTYPES)
+    sentences, seeds = copy_task.held_out[:3], [11, 11, 12]
+    completed = subprocess.run(
+        ["bash", str(REPO / "export" / "saved_model_cli.sh"), "run",
+         "--dir", str(saved_model_dir), "--tag_set", "serve",
+         "--signature_def", "translate_seeded",
+         "--input_exprs", f"text={json.dumps(sentences)};seed={json.dumps(seeds)}"],
+        env=dict(child_env(), PYTHON=sys.executable), capture_output=True, text=True,
+        timeout=230,
+    )
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    expected = translator.translate_seeded(tf.constant(sentences), tf.constant(seeds, tf.int64))
+    assert parse_cli_strings(completed.stdout, "translation") == [
+        t.decode("utf-8") for t in expected["translation"].numpy().tolist()]
+    # Reloaded: a sentence alone gives what it gives inside the batch.
+    import tensorflow_text  # noqa: F401
+
+    seeded = tf.saved_model.load(str(saved_model_dir)).signatures["translate_seeded"]
+    batch = seeded(text=tf.constant(sentences), seed=tf.constant(seeds, tf.int64))
+    alone = seeded(text=tf.constant(sentences[2:]), seed=tf.constant(seeds[2:], tf.int64))
+    assert alone["translation"].numpy()[0] == batch["translation"].numpy()[2]

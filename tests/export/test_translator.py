@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from keras_transformer.text import PAD_ID
+from keras_transformer.text import END_ID, PAD_ID, START_ID, UNK_ID
 from tests.export.conftest import DECODING
 
 # Sources of every kind for the bound checks: empty, short, long, beyond max_input_length.
@@ -121,3 +121,184 @@ def test_trained_model_outputs_are_bounded(copy_task, search):
     _, _, lengths = outputs(copy_task.translator(search=search), sentences)
     assert np.all(lengths >= 1)
     assert np.all(lengths <= expected_bounds(copy_task.tokenizer, sentences))
+
+
+# Small untrained models for the checks that need no trained weights (fast).
+TINY_MODEL = dict(d_model=16, num_heads=2, ff_dim=32, num_layers=1, dropout=0.0)
+TABLE = 12  # learned position table of the tiny models
+
+
+@pytest.fixture(scope="module")
+def small_tokenizer(tmp_path_factory):
+    from keras_transformer.text import SubwordTokenizer, train_sentencepiece
+    from tests.export.conftest import make_sentences
+
+    path = train_sentencepiece(
+        make_sentences(400, seed=3), tmp_path_factory.mktemp("small_vocab") / "t.model",
+        vocab_size=60, byte_fallback=False, hard_vocab_limit=False,
+    )
+    return SubwordTokenizer(path)
+
+
+def tiny_model(tokenizer, learned_positions=True, max_length=TABLE, bias=None, seed=5):
+    """An untrained model; `bias` maps token ids to output-projection biases."""
+    import keras
+
+    from keras_transformer.model import build_transformer
+
+    keras.utils.set_random_seed(seed)
+    model = build_transformer(
+        tokenizer.vocab_size, tie_embeddings=False, learned_positions=learned_positions,
+        max_length=max_length, **TINY_MODEL,
+    )
+    if bias:
+        projection = model.get_layer("output_projection")
+        values = np.zeros(projection.bias.shape, "float32")
+        for token, value in bias.items():
+            values[token] = value
+        projection.bias.assign(values)
+    return model
+
+
+def tiny_translator(tokenizer, model, **config):
+    from keras_transformer.export import DecodingConfig, Translator
+
+    return Translator(model, tokenizer, tokenizer, DecodingConfig(**config))
+
+
+NEVER_END = {END_ID: -1e4}
+LONG_SENTENCE = " ".join(["bal dor fen gim hut"] * 8)
+
+
+@pytest.mark.parametrize("name", ["max_input_length", "max_output_length"])
+def test_learned_positions_past_the_table_are_refused_at_export(small_tokenizer, name):
+    model = tiny_model(small_tokenizer)
+    lengths = {"max_input_length": TABLE, "max_output_length": TABLE, name: TABLE + 1}
+    with pytest.raises(ValueError, match=rf"{name}={TABLE + 1}.*{TABLE} positions") as error:
+        tiny_translator(small_tokenizer, model, **lengths)
+    assert f"--{name.replace('_', '-')} {TABLE}" in str(error.value)  # the fix
+
+
+@pytest.mark.parametrize("search", ["greedy", "beam", "greedy_uncached"])
+def test_learned_positions_up_to_the_table_decode_to_the_bound(small_tokenizer, search):
+    """The limit is exact: a table of 12 positions serves 12 source and 12 target tokens."""
+    model = tiny_model(small_tokenizer, bias=NEVER_END)
+    translator = tiny_translator(
+        small_tokenizer, model, search=search, beam_size=2, max_input_length=TABLE,
+        max_output_length=TABLE, extra_length=100,
+    )
+    _, _, lengths = outputs(translator, [LONG_SENTENCE, "ka"])
+    np.testing.assert_array_equal(lengths, [TABLE, TABLE])
+
+
+def test_sinusoidal_positions_have_no_table_limit(small_tokenizer):
+    model = tiny_model(small_tokenizer, learned_positions=False, bias=NEVER_END)
+    translator = tiny_translator(
+        small_tokenizer, model, search="greedy", max_input_length=3 * TABLE,
+        max_output_length=2 * TABLE, extra_length=100,
+    )
+    _, _, lengths = outputs(translator, [LONG_SENTENCE])
+    np.testing.assert_array_equal(lengths, [2 * TABLE])
+
+
+@pytest.mark.parametrize("search", ["greedy", "beam", "greedy_uncached", "sample"])
+def test_reserved_tokens_are_never_produced_and_unk_only_when_allowed(small_tokenizer, search):
+    # The model prefers PAD, then START, then UNK, to every real token.
+    model = tiny_model(small_tokenizer, bias={PAD_ID: 30.0, START_ID: 25.0, UNK_ID: 20.0})
+    sentences = ["ka lo mi", "bal dor", ""]
+    for disable_unk, forbidden in ((True, [PAD_ID, START_ID, UNK_ID]), (False, [PAD_ID, START_ID])):
+        translator = tiny_translator(
+            small_tokenizer, model, search=search, beam_size=2, disable_unk=disable_unk,
+            max_input_length=TABLE, max_output_length=TABLE,
+        )
+        tokens, lengths = search_tokens(translator, sentences, search)
+        produced = np.concatenate([row[:n] for row, n in zip(tokens, lengths)])
+        assert not np.isin(produced, forbidden).any(), (disable_unk, tokens)
+        if not disable_unk:
+            assert np.isin(produced, [UNK_ID]).any()  # allowed, and the model wants it
+        assert translator.config.disable_unk is disable_unk
+
+
+@pytest.mark.parametrize(
+    "settings", [dict(temperature=0.0), dict(temperature=-1.0), dict(top_k=-1),
+                 dict(top_p=0.0), dict(top_p=1.01)],
+    ids=["temperature0", "temperature_negative", "top_k", "top_p0", "top_p_above_1"],
+)
+def test_invalid_sampling_settings_are_refused(settings):
+    from keras_transformer.export import DecodingConfig
+
+    with pytest.raises(ValueError, match=next(iter(settings))):
+        DecodingConfig(search="sample", **settings)
+
+
+@pytest.fixture(scope="module")
+def sampler(small_tokenizer):
+    model = tiny_model(small_tokenizer, seed=9)
+    return tiny_translator(small_tokenizer, model, search="sample", top_p=0.95,
+                           max_input_length=TABLE, max_output_length=TABLE)
+
+
+def seeded(translator, sentences, seeds):
+    result = translator.translate_seeded(tf.constant(sentences), tf.constant(seeds, tf.int64))
+    return [t.decode("utf-8") for t in result["translation"].numpy().tolist()]
+
+
+def test_a_seeded_sample_does_not_depend_on_the_rest_of_the_batch(sampler):
+    sentences = ["ka lo mi", "bal dor fen", "ka lo mi", "tu vo", "", "sel tam vin nip"]
+    seeds = [7, 7, 8, 7, 7, 123]
+    batch = seeded(sampler, sentences, seeds)
+    for i, (sentence, seed) in enumerate(zip(sentences, seeds)):
+        assert seeded(sampler, [sentence], [seed]) == [batch[i]], (sentence, seed)
+    assert seeded(sampler, sentences[::-1], seeds[::-1]) == batch[::-1]
+    # The seed matters: one sentence under many seeds gives several samples.
+    assert len(set(seeded(sampler, ["ka lo mi"] * 12, list(range(12))))) > 1
+
+
+def test_unseeded_sampling_draws_a_new_sample_on_every_call(sampler):
+    sentences = ["ka lo mi", "bal dor fen", "tu vo", "sel tam vin nip"] * 2
+    first, _, _ = outputs(sampler, sentences)
+    second, _, _ = outputs(sampler, sentences)
+    assert first != second
+
+
+def test_seeded_signature_only_in_sampling_exports(sampler, small_tokenizer):
+    names = set(sampler.signatures())
+    assert {"translate", "serving_default", "translate_greedy", "translate_seeded"} == names
+    text_spec, seed_spec = sampler.signatures()["translate_seeded"].structured_input_signature[0]
+    assert (text_spec.name, text_spec.dtype, text_spec.shape.as_list()) == (
+        "text", tf.string, [None])
+    assert (seed_spec.name, seed_spec.dtype, seed_spec.shape.as_list()) == (
+        "seed", tf.int64, [None])
+    beam = tiny_translator(small_tokenizer, tiny_model(small_tokenizer), search="beam",
+                           max_input_length=TABLE, max_output_length=TABLE)
+    assert "translate_seeded" not in beam.signatures()
+    with pytest.raises(tf.errors.InvalidArgumentError, match="one int64 per sentence"):
+        seeded(sampler, ["ka", "lo"], [1])
+
+
+def test_export_cli_sampling_flags_reach_the_translator(small_tokenizer, monkeypatch, capsys):
+    """(The lead may move this to tests/test_cli.py.) `keras-transformer export --search
+    sample --temperature --top-k --top-p --allow-unk` builds the matching DecodingConfig,
+    and invalid values stop the command with the config's message."""
+    import keras_transformer.export as export_module
+    from keras_transformer import cli
+
+    model = tiny_model(small_tokenizer)
+    written = {}
+    monkeypatch.setattr(export_module, "load_run",
+                        lambda run, checkpoint: (model, small_tokenizer, small_tokenizer, {}))
+    monkeypatch.setattr(export_module, "export_translator",
+                        lambda translator, out, **kwargs: written.setdefault("t", translator))
+    base = ["export", "--model", "run", "--out", "out", "--max-input-length", str(TABLE),
+            "--max-output-length", str(TABLE)]
+    cli.main(base + ["--search", "sample", "--temperature", "0.7", "--top-k", "20",
+                     "--top-p", "0.9", "--allow-unk"])
+    config = written["t"].config
+    assert (config.search, config.temperature, config.top_k, config.top_p, config.disable_unk) \
+        == ("sample", 0.7, 20, 0.9, False)
+    assert "translate_seeded" in written["t"].signatures()
+    assert not cli.build_parser().parse_args(base).allow_unk  # UNK forbidden by default
+    with pytest.raises(SystemExit, match="temperature"):
+        cli.main(base + ["--search", "sample", "--temperature", "0"])
+    with pytest.raises(SystemExit, match="top_p"):
+        cli.main(base + ["--search", "sample", "--top-p", "0"])
