@@ -10,9 +10,9 @@ are caught at file descriptor 2 while TensorFlow is imported and its devices lis
 other line is passed on. The later ones obey `TF_CPP_MIN_LOG_LEVEL`, set to 3 unless the user
 set it.
 
-This runs only in the `keras-transformer` command (or `python -m keras_transformer`), from the
-package's `__init__` before anything imports TensorFlow; a program or notebook that imports
-the package keeps TensorFlow's own behaviour. `--verbose` (or `TF_CPP_MIN_LOG_LEVEL=0` set by
+This runs only in the `keras-transformer` command (or `python -m keras_transformer[.module]`),
+from the package's `__init__` before anything imports TensorFlow; a program or notebook that
+imports the package keeps TensorFlow's own behaviour. `--verbose` (or `TF_CPP_MIN_LOG_LEVEL=0` set by
 the user) lets the lines through.
 """
 
@@ -48,8 +48,10 @@ def is_cli_process(argv=None):
     argv = list(getattr(sys, "orig_argv", sys.argv) if argv is None else argv)
     if any(os.path.basename(arg) == PROGRAM_NAME for arg in argv[:2]):
         return True
-    # `python -m keras_transformer ...`: the module name follows "-m".
-    return any(a == "-m" and b == PACKAGE_NAME for a, b in zip(argv, argv[1:]))
+    # `python -m keras_transformer ...` (or one of its script modules, such as
+    # `keras_transformer.export.op_check`): the module name follows "-m".
+    return any(a == "-m" and (b == PACKAGE_NAME or b.startswith(PACKAGE_NAME + "."))
+               for a, b in zip(argv, argv[1:]))
 
 
 @contextlib.contextmanager

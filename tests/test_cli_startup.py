@@ -10,7 +10,9 @@ from keras_transformer.cli_startup import filtered_stderr, is_cli_process, quiet
 @pytest.mark.parametrize("argv, expected", [
     (["/venv/bin/keras-transformer", "translate"], True),
     (["/usr/bin/python3", "-m", "keras_transformer", "evaluate"], True),
+    (["/usr/bin/python3", "-m", "keras_transformer.export.op_check", "export"], True),
     (["/usr/bin/python3", "-m", "pytest", "tests"], False),
+    (["/usr/bin/python3", "-m", "keras_transformer_other"], False),
     (["/usr/bin/python3", "script.py", "keras_transformer"], False),
 ])
 def test_is_cli_process(argv, expected):

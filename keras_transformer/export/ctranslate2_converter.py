@@ -231,10 +231,11 @@ def convert(model, source_tokenizer, target_tokenizer, output_dir, quantization=
         `pathlib.Path` of `output_dir`, holding `model.bin`, `config.json` and the
         vocabularies.
 
-    Example:
-    >>> model, src_tok, tgt_tok, _ = load_run("runs/quick")
-    >>> path = convert(model, src_tok, tgt_tok, "runs/quick/ctranslate2")
-    >>> ctranslate2.Translator(str(path)).translate_batch([["▁A", "▁dog"]])
+    Example (needs a trained run, so not a doctest):
+
+        model, src_tok, tgt_tok, _ = load_run("runs/quick")
+        path = convert(model, src_tok, tgt_tok, "runs/quick/ctranslate2")
+        ctranslate2.Translator(str(path)).translate_batch([["▁A", "▁dog", "▁runs", "."]])
     """
     spec = build_spec(model, source_tokenizer, target_tokenizer, max_positions=max_positions)
     spec.optimize(quantization=quantization)
