@@ -18,8 +18,8 @@ tensor.
 Sentences come from the arguments, or one per line from standard input when none is given.
 Requests carry length-sorted batches (`translate_all`), so the server pads little; each
 translation is printed on its own line, in input order (with `--json`, one JSON object per
-line with `translation`, `score` and `length`). Exit status 1 with the server's error message when the
-request fails.
+line with `translation`, `score` and `length`). Exit status 1 with the server's error
+message when a request fails.
 """
 
 import argparse

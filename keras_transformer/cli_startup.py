@@ -12,8 +12,8 @@ set it.
 
 This runs only in the `keras-transformer` command (or `python -m keras_transformer[.module]`),
 from the package's `__init__` before anything imports TensorFlow; a program or notebook that
-imports the package keeps TensorFlow's own behaviour. `--verbose` (or `TF_CPP_MIN_LOG_LEVEL=0` set by
-the user) lets the lines through.
+imports the package keeps TensorFlow's own behaviour. `--verbose` (or `TF_CPP_MIN_LOG_LEVEL=0`
+set by the user) lets the lines through.
 """
 
 import contextlib
