@@ -125,17 +125,19 @@ def _read_lines(path):
     return read_lines(path)
 
 
-def _progress_bar(args, total):
+def _progress_bar(args, total, streams_output=True):
     """A progress bar on stderr when it helps and does not pollute (`--progress` forces it).
 
-    Shown by default when the input is a file (its line count is known), stderr is a
-    terminal and the translations do not go to that same terminal.
+    Shown by default when the total is known (a file, not a pipe), stderr is a terminal and,
+    for a command that streams its output (`streams_output`), the output does not go to that
+    same terminal.
     """
     from keras_transformer.export.inference import ProgressBar
 
     show = args.progress
     if show is None:
-        output_to_terminal = not getattr(args, "output", None) and sys.stdout.isatty()
+        output_to_terminal = (streams_output and not getattr(args, "output", None)
+                              and sys.stdout.isatty())
         show = total is not None and sys.stderr.isatty() and not output_to_terminal
     return ProgressBar(total) if show and total is not None else None
 
@@ -143,14 +145,15 @@ def _progress_bar(args, total):
 def cmd_translate(args):
     from keras_transformer.export.inference import ExportedTranslator, count_lines, iter_lines
 
-    from_file = args.input != "-"
+    total = count_lines(args.input) if args.input != "-" else None  # a missing file fails now
     translator = ExportedTranslator(args.export, signature=args.signature)
-    progress = _progress_bar(args, count_lines(args.input) if from_file else None)
+    progress = _progress_bar(args, total)
     if args.output:
         out = open(args.output, "w", encoding="utf-8")
     else:
         out = sys.stdout
-        out.reconfigure(encoding="utf-8")  # a C locale would fail on the first umlaut
+        if hasattr(out, "reconfigure"):
+            out.reconfigure(encoding="utf-8")  # a C locale would fail on the first umlaut
     try:
         # Batches are sorted by length within a read-ahead buffer; lines come out in input
         # order as each buffer finishes.
@@ -200,7 +203,7 @@ def _translate_and_report(args, sources, references):
     """`evaluate`'s second half: translate (first call untimed), score, print, write JSON."""
     from keras_transformer.export.inference import evaluate_export
 
-    progress = _progress_bar(args, len(sources))
+    progress = _progress_bar(args, len(sources), streams_output=False)
     try:
         scores = evaluate_export(args.export, sources, references, batch_size=args.batch_size,
                                  signature=args.signature,

@@ -75,7 +75,8 @@ def test_translate_file_keeps_the_input_order_and_shows_progress(
     source.write_text("\n".join(sentences) + "\n", encoding="utf-8")
     cli.main(["translate", "--export", str(exported), "--input", str(source), "--output",
               str(output), "--batch-size", "3", "--progress"])
-    expected = [ExportedTranslator(exported)([s])[0] for s in sentences]  # one at a time
+    translator = ExportedTranslator(exported)
+    expected = [translator([s])[0] for s in sentences]  # one at a time
     assert output.read_text(encoding="utf-8").splitlines() == expected
     err = capsys.readouterr().err
     assert "11/11" in err, err
@@ -100,6 +101,7 @@ def test_translate_streams_batches_as_they_finish(exported, copy_task):
     assert len(rest) == 11 and max(calls) <= 2
 
 
+@pytest.mark.slow
 def test_length_sorted_batches_restore_the_order(exported, copy_task):
     translator = ExportedTranslator(exported)
     batches = []
@@ -130,6 +132,7 @@ def test_evaluate_refuses_files_of_different_lengths_before_translating(tmp_path
     assert "3" in message and "2" in message, message
 
 
+@pytest.mark.slow
 def test_evaluate_keeps_the_first_call_out_of_the_timing(exported, copy_task, tmp_path,
                                                           monkeypatch, capsys):
     sentences = copy_task.held_out[:6]

@@ -20,6 +20,7 @@ def core_and_text():
     return serving_ops()
 
 
+@pytest.mark.slow  # two fresh TensorFlow processes list the op registry
 def test_core_and_text_op_sets(core_and_text):
     core, text = core_and_text
     assert {"MatMul", "StatelessWhile", "PyFunc"} <= core
@@ -41,6 +42,7 @@ def test_the_export_uses_only_ops_stock_tf_serving_links_in(exported, core_and_t
     assert report.missing_in_release[TF_SERVING_VERSION] == [], report.summary()
 
 
+@pytest.mark.slow  # two fresh TensorFlow processes list the op registry
 def test_python_ops_and_foreign_ops_are_refused(tmp_path, core_and_text):
     module = tf.Module()
     module.f = tf.function(
@@ -58,6 +60,7 @@ def test_python_ops_and_foreign_ops_are_refused(tmp_path, core_and_text):
     assert "NOT IN CORE" in without_identity.summary()
 
 
+@pytest.mark.slow  # two fresh TensorFlow processes list the op registry
 def test_release_comparison_names_the_missing_ops(tmp_path, core_and_text):
     module = tf.Module()
     module.f = tf.function(lambda x: x + 1.0, input_signature=[tf.TensorSpec([], tf.float32)])
