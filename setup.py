@@ -40,8 +40,11 @@ setup(
             "matplotlib>=3.8",
             "requests>=2.31",
             "tensorflow-serving-api~=2.21.0",
+            "ctranslate2>=4.5,<5",
         ],
         "serving": ["requests>=2.31"],
+        # The CTranslate2 speed peer and correctness oracle (benchmarks/decode_vs_ctranslate2.py).
+        "bench": ["ctranslate2>=4.5,<5"],
     },
     entry_points={
         "console_scripts": ["keras-transformer=keras_transformer.cli:main"],

@@ -16,9 +16,10 @@ gRPC (`--grpc`, port 8500) needs `pip install tensorflow-serving-api` (which bri
 tensor.
 
 Sentences come from the arguments, or one per line from standard input when none is given.
-Each translation is printed on its own line (with `--json`, one JSON object per line with
-`translation`, `score` and `length`). Exit status 1 with the server's error message when the
-request fails.
+Requests carry length-sorted batches (`translate_all`), so the server pads little; each
+translation is printed on its own line, in input order (with `--json`, one JSON object per
+line with `translation`, `score` and `length`). Exit status 1 with the server's error
+message when a request fails.
 """
 
 import argparse
@@ -33,6 +34,12 @@ DEFAULT_MODEL = "translator"
 DEFAULT_SIGNATURE = "translate"
 INPUT_NAME = "text"
 OUTPUT_NAMES = ("translation", "score", "length")
+
+
+# Requests read ahead and sorted by length together, as `keras-transformer translate` does
+# (CTranslate2's read buffer, Marian's maxi-batch): similar lengths share a request, so the
+# server's batch pads little; output still comes in input order, a buffer at a time.
+SORT_BUFFER_BATCHES = 16
 
 
 class ServerError(RuntimeError):
@@ -122,6 +129,41 @@ def predict_grpc(sentences, server=DEFAULT_GRPC_SERVER, model=DEFAULT_MODEL,
     ]
 
 
+def translate_all(sentences, predict, batch_size=64, sort_buffer_batches=SORT_BUFFER_BATCHES,
+                  **predict_kwargs):
+    """Translates an iterable of sentences in length-sorted requests, yielding in input order.
+
+    Reads `batch_size * sort_buffer_batches` sentences, sorts them by UTF-8 length, sends
+    them `batch_size` per request through `predict(batch, **predict_kwargs)`, and yields the
+    buffer's results in the original order before reading the next buffer.
+
+    Args:
+        sentences: iterable of str.
+        predict: `predict_rest` or `predict_grpc` (or any callable with their signature).
+        batch_size: int, sentences per request. Defaults to `64`.
+        sort_buffer_batches: int, requests read ahead and sorted together; `1` keeps the
+            input order. Defaults to `SORT_BUFFER_BATCHES`.
+        **predict_kwargs: passed to `predict` (server, model, signature, timeout).
+
+    Yields:
+        dicts `{"translation", "score", "length"}`, one per sentence, in input order.
+    """
+    batch_size = max(int(batch_size), 1)
+    iterator = iter(sentences)
+    while True:
+        buffer = [s for _, s in zip(range(batch_size * sort_buffer_batches), iterator)]
+        if not buffer:
+            return
+        order = sorted(range(len(buffer)), key=lambda i: len(buffer[i].encode("utf-8")))
+        results = [None] * len(buffer)
+        for start in range(0, len(order), batch_size):
+            indices = order[start:start + batch_size]
+            answers = predict([buffer[i] for i in indices], **predict_kwargs)
+            for index, answer in zip(indices, answers):
+                results[index] = answer
+        yield from results
+
+
 def _parse_args(argv):
     parser = argparse.ArgumentParser(
         description="Translate sentences with a TF Serving `translator` model.")
@@ -158,15 +200,13 @@ def main(argv=None):
     predict = predict_grpc if args.grpc else predict_rest
     server = args.server or (DEFAULT_GRPC_SERVER if args.grpc else DEFAULT_REST_SERVER)
     try:
-        for start in range(0, len(sentences), max(args.batch_size, 1)):
-            batch = sentences[start:start + args.batch_size]
-            results = predict(batch, server=server, model=args.model,
-                              signature=args.signature, timeout=args.timeout)
-            for result in results:
-                if args.json:
-                    print(json.dumps(result, ensure_ascii=False))
-                else:
-                    print(result["translation"])
+        for result in translate_all(sentences, predict, batch_size=args.batch_size,
+                                    server=server, model=args.model, signature=args.signature,
+                                    timeout=args.timeout):
+            if args.json:
+                print(json.dumps(result, ensure_ascii=False))
+            else:
+                print(result["translation"])
             sys.stdout.flush()
     except ServerError as error:
         print(f"error: {error}", file=sys.stderr)

@@ -7,7 +7,12 @@ modules, imported on demand because they pull in tensorflow-text and tf.data) th
 (`keras_transformer.export`).
 """
 
-from keras_transformer import layers
+# Before anything imports TensorFlow: the command line hides its C++ start-up lines.
+from keras_transformer.cli_startup import quiet_tensorflow_startup
+
+quiet_tensorflow_startup()
+
+from keras_transformer import layers  # noqa: E402
 from keras_transformer.layers import (
     Decoder,
     DecoderBlock,

@@ -11,7 +11,8 @@ import shutil
 import sys
 import time
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+# TensorFlow's start-up lines are hidden before TensorFlow is imported, by the package's
+# __init__ (keras_transformer/cli_startup.py); `--verbose` shows them.
 
 PRECISIONS = {"none": None, "float32": None, "bf16": "mixed_bfloat16",
               "mixed_bfloat16": "mixed_bfloat16", "fp16": "mixed_float16",
@@ -104,14 +105,30 @@ def cmd_export(args):
         )
     except ValueError as error:
         raise SystemExit(f"keras-transformer export: {error}") from None
+    checkpoint = _checkpoint_record(args.model, args.checkpoint)
     model, source_tokenizer, target_tokenizer, config = load_run(args.model, args.checkpoint)
-    translator = Translator(model, source_tokenizer, target_tokenizer, decoding)
+    try:  # e.g. output lengths past a learned position table
+        translator = Translator(model, source_tokenizer, target_tokenizer, decoding)
+    except ValueError as error:
+        raise SystemExit(f"keras-transformer export: {error}") from None
     path = export_translator(
         translator, args.out, version=args.version,
-        metadata={"run_dir": str(args.model), "checkpoint": args.checkpoint,
-                  "training_config": config},
+        metadata={"run_dir": str(args.model), **checkpoint, "training_config": config},
     )
-    print(f"Exported {args.search} (beam {args.beam_size}) translator to {path}")
+    search = f"beam {args.beam_size}" if args.search == "beam" else args.search
+    print(f"Exported a {search} translator to {path}")
+    print(f"  from checkpoint {checkpoint['checkpoint']} ({checkpoint['checkpoint_path']})")
+
+
+def _checkpoint_record(run_dir, requested):
+    """The export metadata saying which checkpoint is exported; warns when not `requested`."""
+    from keras_transformer.export.run import resolve_checkpoint
+
+    used, path = resolve_checkpoint(run_dir, requested)
+    if used != requested:
+        print(f"Note: {run_dir} has no {requested} checkpoint; exporting the {used} model "
+              f"{path} instead.", file=sys.stderr, flush=True)
+    return {"checkpoint": used, "checkpoint_requested": requested, "checkpoint_path": str(path)}
 
 
 def _read_lines(path):
@@ -120,28 +137,66 @@ def _read_lines(path):
     return read_lines(path)
 
 
-def cmd_translate(args):
-    from keras_transformer.export.inference import ExportedTranslator
+def _progress_bar(args, total, streams_output=True):
+    """A progress bar on stderr when it helps and does not pollute (`--progress` forces it).
 
-    sentences = _read_lines(args.input)
+    Shown by default when the total is known (a file, not a pipe), stderr is a terminal and,
+    for a command that streams its output (`streams_output`), the output does not go to that
+    same terminal.
+    """
+    from keras_transformer.export.inference import ProgressBar
+
+    show = args.progress
+    if show is None:
+        output_to_terminal = (streams_output and not getattr(args, "output", None)
+                              and sys.stdout.isatty())
+        show = total is not None and sys.stderr.isatty() and not output_to_terminal
+    return ProgressBar(total) if show and total is not None else None
+
+
+def cmd_translate(args):
+    from keras_transformer.export.inference import ExportedTranslator, count_lines, iter_lines
+
+    total = count_lines(args.input) if args.input != "-" else None  # a missing file fails now
     translator = ExportedTranslator(args.export, signature=args.signature)
-    translations = translator(sentences, batch_size=args.batch_size)
-    out = open(args.output, "w", encoding="utf-8") if args.output else sys.stdout
+    progress = _progress_bar(args, total)
+    if args.output:
+        out = open(args.output, "w", encoding="utf-8")
+    else:
+        out = sys.stdout
+        if hasattr(out, "reconfigure"):
+            out.reconfigure(encoding="utf-8")  # a C locale would fail on the first umlaut
     try:
-        for line in translations:
-            out.write(line + "\n")
+        # Batches are sorted by length within a read-ahead buffer; lines come out in input
+        # order as each buffer finishes.
+        for result in translator.translate_stream(
+                iter_lines(args.input), batch_size=args.batch_size,
+                on_batch=progress.update if progress else None):
+            out.write(result["translation"] + "\n")
+            out.flush()
     finally:
+        if progress:
+            progress.close()
         if args.output:
             out.close()
 
 
-def cmd_evaluate(args):
-    from keras_transformer.export.inference import ExportedTranslator, evaluate_translations
+def _read_parallel(source_path, reference_path):
+    """Reads a source and a reference file; refuses them unless they pair up line by line."""
+    sources, references = _read_lines(source_path), _read_lines(reference_path)
+    if len(sources) != len(references):
+        raise SystemExit(
+            f"{source_path} has {len(sources)} lines but {reference_path} has "
+            f"{len(references)}: a source and its reference must pair up line by line."
+        )
+    return sources, references
 
+
+def cmd_evaluate(args):
     if args.src or args.ref:
         if not (args.src and args.ref):
             raise SystemExit("--src and --ref go together.")
-        sources, references = _read_lines(args.src), _read_lines(args.ref)
+        sources, references = _read_parallel(args.src, args.ref)
     else:
         from keras_transformer.data import load_multi30k
 
@@ -153,19 +208,32 @@ def cmd_evaluate(args):
             references.append(example[args.target_lang].decode("utf-8"))
     if args.limit:
         sources, references = sources[: args.limit], references[: args.limit]
-    translator = ExportedTranslator(args.export, signature=args.signature)
-    started = time.time()
-    results = translator.translate(sources, args.batch_size)
-    seconds = time.time() - started
-    hypotheses = [r["translation"] for r in results]
-    scores = evaluate_translations(hypotheses, references)
-    scores["sentences_per_second"] = len(sources) / seconds if seconds else float("inf")
+    _translate_and_report(args, sources, references)
+
+
+def _translate_and_report(args, sources, references):
+    """`evaluate`'s second half: translate (first call untimed), score, print, write JSON."""
+    from keras_transformer.export.inference import evaluate_export
+
+    progress = _progress_bar(args, len(sources), streams_output=False)
+    try:
+        scores = evaluate_export(args.export, sources, references, batch_size=args.batch_size,
+                                 signature=args.signature,
+                                 on_batch=progress.update if progress else None)
+    finally:
+        if progress:
+            progress.close()
+    hypotheses = scores.pop("translations")
     for source, hypothesis, reference in list(zip(sources, hypotheses, references))[: args.show]:
         print(f"SRC: {source}\nOUT: {hypothesis}\nREF: {reference}\n")
-    print(f"{len(sources)} sentences in {seconds:.1f}s ({scores['sentences_per_second']:.1f}/s)")
-    print(f"BLEU (cased, detokenized): {scores['bleu']:.2f}   {scores.get('bleu_signature', '')}")
+    print(f"{len(sources)} sentences in {scores['seconds']:.1f}s "
+          f"({scores['sentences_per_second']:.1f}/s, batch {args.batch_size}, first call "
+          "not timed)")
+    print(f"BLEU (cased, detokenized): {scores['bleu']:.2f}")
     print(f"BLEU (lowercased):         {scores['bleu_lowercase']:.2f}")
     print(f"chrF:                      {scores['chrf']:.2f}")
+    print(f"sacreBLEU signatures: BLEU {scores['bleu_signature']}\n"
+          f"                      chrF {scores['chrf_signature']}")
     if args.json:
         pathlib.Path(args.json).write_text(json.dumps(scores, indent=2))
 
@@ -222,6 +290,9 @@ def build_parser():
     translate.add_argument("--output", help="file for translations (default stdout)")
     translate.add_argument("--signature", default="translate")
     translate.add_argument("--batch-size", type=int, default=64)
+    translate.add_argument("--progress", action=argparse.BooleanOptionalAction,
+                           help="progress bar on stderr (default: when --input is a file, "
+                           "stderr a terminal and the output not that terminal)")
     translate.set_defaults(func=cmd_translate)
 
     evaluate = sub.add_parser("evaluate", help="BLEU and chrF of an export")
@@ -238,8 +309,21 @@ def build_parser():
     evaluate.add_argument("--limit", type=int, help="only the first N sentences")
     evaluate.add_argument("--show", type=int, default=0, help="print N examples")
     evaluate.add_argument("--json", help="write the scores to this file")
+    evaluate.add_argument("--progress", action=argparse.BooleanOptionalAction,
+                          help="progress bar on stderr (default: when stderr is a terminal)")
     evaluate.set_defaults(func=cmd_evaluate)
+    _add_verbose_flag(parser, sub)
     return parser
+
+
+def _add_verbose_flag(parser, subparsers):
+    """`--verbose` before or after the command (read before argparse runs, see cli_startup)."""
+    help_text = "show TensorFlow's C++ start-up and log lines (hidden by default)"
+    parser.add_argument("--verbose", action="store_true", help=help_text)
+    for command in subparsers.choices.values():
+        # SUPPRESS: a command's own default must not overwrite a --verbose given before it.
+        command.add_argument("--verbose", action="store_true", default=argparse.SUPPRESS,
+                             help=help_text)
 
 
 def main(argv=None):

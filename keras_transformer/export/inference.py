@@ -6,6 +6,7 @@ SentencePiece ops the graph uses) and calls one of its signatures, exactly what 
 does with the same directory.
 """
 
+import itertools
 import json
 import pathlib
 import sys
@@ -21,6 +22,12 @@ INPUT_NAME = "text"
 OUTPUT_NAMES = ("translation", "score", "length")
 # Where `export_translator` records the decoding settings.
 METADATA_PATH = pathlib.Path("assets.extra") / "translator.json"
+# Batches read ahead and sorted by length together (CTranslate2's `max_batch_size * 16`
+# read buffer, Marian's maxi-batch): long enough to group similar lengths, short enough to
+# stream output soon.
+SORT_BUFFER_BATCHES = 16
+# Read size when counting lines for the progress bar.
+COUNT_BLOCK_BYTES = 1 << 20
 
 
 def _as_bytes(sentence):
@@ -78,38 +85,84 @@ class ExportedTranslator:
         record = self.path / METADATA_PATH
         return json.loads(record.read_text()) if record.is_file() else {}
 
-    def translate(self, sentences, batch_size=64):
-        """Translates sentences in batches of `batch_size`.
+    def translate(self, sentences, batch_size=64, sort_buffer_batches=SORT_BUFFER_BATCHES,
+                  on_batch=None):
+        """Translates sentences in length-sorted batches of `batch_size`.
 
         Args:
-            sentences: list of str (or UTF-8 bytes; invalid bytes are replaced in the graph).
+            sentences: iterable of str (or UTF-8 bytes; invalid bytes are replaced in the
+                graph).
             batch_size: int, sentences per signature call. Defaults to `64`.
+            sort_buffer_batches: int, batches read ahead and sorted by length together (see
+                `translate_stream`). Defaults to `SORT_BUFFER_BATCHES`.
+            on_batch: callable or None, called with the number of sentences of each batch
+                once it is translated (a progress bar). Defaults to `None`.
 
         Returns:
             A list with one dict per sentence, in order: `{"translation": str, "score":
             float (log-probability of the translation), "length": int (target tokens, END
             included)}`.
         """
+        return list(self.translate_stream(sentences, batch_size, sort_buffer_batches, on_batch))
+
+    def translate_stream(self, sentences, batch_size=64,
+                         sort_buffer_batches=SORT_BUFFER_BATCHES, on_batch=None):
+        """Translates an iterable of sentences lazily, yielding results in input order.
+
+        As CTranslate2's `translate_iterable` and Marian's maxi-batches do: reads
+        `batch_size * sort_buffer_batches` sentences, sorts them by length (UTF-8 bytes, a
+        cheap stand-in for tokens) so each batch pads little, translates the buffer batch by
+        batch, yields its results in the original order, then reads the next buffer. The
+        first translations come out after one buffer, not after the whole input; a
+        sentence's translation does not depend on the others in its batch.
+
+        Args:
+            sentences: iterable of str or bytes (a file or stdin is read as it goes).
+            batch_size: int, sentences per signature call. Defaults to `64`.
+            sort_buffer_batches: int, batches read ahead and sorted together; `1` translates
+                in input order. Defaults to `SORT_BUFFER_BATCHES`.
+            on_batch: callable or None, called with the batch size after each batch.
+
+        Yields:
+            One dict per sentence, in order, as in `translate`.
+        """
         if batch_size < 1:
             raise ValueError(f"batch_size must be positive, got batch_size={batch_size}.")
-        sentences = [_as_bytes(s) for s in sentences]
-        results = []
-        for start in range(0, len(sentences), batch_size):
-            batch = tf.constant(sentences[start : start + batch_size], tf.string)
-            outputs = self._function(**{INPUT_NAME: batch})
-            translations = outputs["translation"].numpy().tolist()
-            scores = outputs["score"].numpy().tolist()
-            lengths = outputs["length"].numpy().tolist()
-            results.extend(
-                {
-                    # The detokenizer emits valid UTF-8; "replace" only guards the unexpected.
-                    "translation": t.decode("utf-8", errors="replace"),
-                    "score": float(s),
-                    "length": int(n),
-                }
-                for t, s, n in zip(translations, scores, lengths)
-            )
-        return results
+        if sort_buffer_batches < 1:
+            raise ValueError(
+                f"sort_buffer_batches must be positive, got {sort_buffer_batches}.")
+        buffer_size = batch_size * sort_buffer_batches
+        iterator = iter(sentences)
+        while True:
+            buffer = [_as_bytes(s) for s in itertools.islice(iterator, buffer_size)]
+            if not buffer:
+                return
+            order = sorted(range(len(buffer)), key=lambda i: len(buffer[i]))
+            results = [None] * len(buffer)
+            for start in range(0, len(order), batch_size):
+                indices = order[start : start + batch_size]
+                for index, result in zip(indices, self._translate_batch(
+                        [buffer[i] for i in indices])):
+                    results[index] = result
+                if on_batch is not None:
+                    on_batch(len(indices))
+            yield from results
+
+    def _translate_batch(self, batch):
+        """One signature call: list of bytes -> list of result dicts."""
+        outputs = self._function(**{INPUT_NAME: tf.constant(batch, tf.string)})
+        translations = outputs["translation"].numpy().tolist()
+        scores = outputs["score"].numpy().tolist()
+        lengths = outputs["length"].numpy().tolist()
+        return [
+            {
+                # The detokenizer emits valid UTF-8; "replace" only guards the unexpected.
+                "translation": t.decode("utf-8", errors="replace"),
+                "score": float(s),
+                "length": int(n),
+            }
+            for t, s, n in zip(translations, scores, lengths)
+        ]
 
     def __call__(self, sentences, batch_size=64):
         """Translates sentences; returns only the translations, a list of str."""
@@ -129,17 +182,96 @@ def read_lines(path_or_dash):
     Returns:
         list of str, without line terminators.
     """
+    return list(iter_lines(path_or_dash))
+
+
+def iter_lines(path_or_dash):
+    """`read_lines` one line at a time, so a long file or a pipe is read as it is translated.
+
+    Splitting the bytes at `b"\\n"` before decoding is safe: that byte never occurs inside a
+    multi-byte UTF-8 character.
+
+    Args:
+        path_or_dash: str or path-like, a file, or `"-"` for standard input.
+
+    Yields:
+        str, each line without its terminator.
+    """
     if str(path_or_dash) == "-":
-        data = sys.stdin.buffer.read()
-    else:
-        data = pathlib.Path(path_or_dash).read_bytes()
-    text = data.decode("utf-8", errors="replace")
-    if not text:
-        return []
-    lines = text.split("\n")
-    if text.endswith("\n"):
-        lines.pop()
-    return [line[:-1] if line.endswith("\r") else line for line in lines]
+        yield from _decoded_lines(sys.stdin.buffer)
+        return
+    with open(path_or_dash, "rb") as stream:
+        yield from _decoded_lines(stream)
+
+
+def _decoded_lines(stream):
+    for line in stream:
+        if line.endswith(b"\n"):
+            line = line[:-1]
+        if line.endswith(b"\r"):
+            line = line[:-1]
+        yield line.decode("utf-8", errors="replace")
+
+
+def count_lines(path):
+    """The number of lines `iter_lines(path)` yields (a last line without "\\n" counts)."""
+    count, last = 0, b"\n"
+    with open(path, "rb") as stream:
+        for block in iter(lambda: stream.read(COUNT_BLOCK_BYTES), b""):
+            count += block.count(b"\n")
+            last = block[-1:]
+    return count + (last != b"\n")
+
+
+class ProgressBar:
+    """A one-line progress bar on a terminal stream: done/total, percent, rate and ETA.
+
+    Redrawn in place with `"\\r"` at most every `min_interval` seconds, and ended with a
+    newline by `close()`, so the translations on stdout never mix with it.
+
+    Args:
+        total: int, sentences to translate.
+        stream: a text stream. Defaults to `sys.stderr`.
+        unit: str, what is counted. Defaults to `"sentences"`.
+        min_interval: float, seconds between redraws. Defaults to `0.2`.
+
+    Example:
+    >>> bar = ProgressBar(1000)
+    >>> bar.update(64)  # stderr: " 64/1000 sentences   6%  120.3/s  ETA 0:00:07"
+    >>> bar.close()
+    """
+
+    def __init__(self, total, stream=None, unit="sentences", min_interval=0.2):
+        self.total = total
+        self.stream = stream or sys.stderr
+        self.unit = unit
+        self.min_interval = min_interval
+        self.done = 0
+        self._started = time.perf_counter()
+        self._drawn = 0.0
+
+    def update(self, count):
+        """Counts `count` more done and redraws when due (always at the end)."""
+        self.done += count
+        now = time.perf_counter()
+        if now - self._drawn >= self.min_interval or self.done >= self.total:
+            self._drawn = now
+            self._draw(now - self._started)
+
+    def _draw(self, elapsed):
+        rate = self.done / elapsed if elapsed > 0 else 0.0
+        percent = 100.0 * self.done / self.total if self.total else 100.0
+        remaining = (self.total - self.done) / rate if rate > 0 else 0.0
+        eta = time.strftime("%H:%M:%S", time.gmtime(remaining))
+        width = len(str(self.total))
+        self.stream.write(f"\r{self.done:>{width}}/{self.total} {self.unit} {percent:5.1f}%  "
+                          f"{rate:7.1f}/s  ETA {eta}")
+        self.stream.flush()
+
+    def close(self):
+        """Ends the bar's line."""
+        self.stream.write("\n")
+        self.stream.flush()
 
 
 def evaluate_translations(hypotheses, references):
@@ -184,7 +316,8 @@ def evaluate_translations(hypotheses, references):
     return result
 
 
-def evaluate_export(path, sources, references, batch_size=64, signature="translate"):
+def evaluate_export(path, sources, references, batch_size=64, signature="translate",
+                    on_batch=None):
     """Translates `sources` with an exported model, scores them and measures the speed.
 
     One sentence is translated before the clock starts, so one-time costs of the first call
@@ -196,6 +329,7 @@ def evaluate_export(path, sources, references, batch_size=64, signature="transla
         references: list of str, their reference translations.
         batch_size: int, sentences per call. Defaults to `64`.
         signature: str, the signature to call. Defaults to `"translate"`.
+        on_batch: callable or None, called with each timed batch's size (a progress bar).
 
     Returns:
         The dict of `evaluate_translations`, plus `seconds` (translation wall time),
@@ -212,7 +346,8 @@ def evaluate_export(path, sources, references, batch_size=64, signature="transla
     if sources:
         translator.translate(sources[:1])  # warm-up, not timed
     start = time.perf_counter()
-    translations = translator(sources, batch_size=batch_size)
+    translations = [r["translation"] for r in
+                    translator.translate(sources, batch_size=batch_size, on_batch=on_batch)]
     seconds = time.perf_counter() - start
     result = evaluate_translations(translations, references)
     result.update(

@@ -37,6 +37,16 @@ def model_path(run_dir, checkpoint="best"):
     )
 
 
+def resolve_checkpoint(run_dir, checkpoint="best"):
+    """`(name, path)`: the checkpoint `model_path` really picks for `checkpoint`.
+
+    `name` is the checkpoint used, which differs from the one asked for when "best" falls
+    back to the final model (`"final"`, `model.keras`): exports record and print it.
+    """
+    path = model_path(run_dir, checkpoint)
+    return ("final" if path.name == "model.keras" else path.stem), path
+
+
 def load_run(run_dir, checkpoint="best"):
     """Loads `(model, source_tokenizer, target_tokenizer, config_dict)` from a run directory.
 

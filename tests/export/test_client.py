@@ -118,3 +118,30 @@ def test_grpc_client_against_a_stub_prediction_service(exported):
         assert [r["length"] for r in results] == [e["length"] for e in expected]
         failed = run_client("--grpc", "--server", stub.address, "--signature", "nope", "ka")
         assert failed.returncode == 1 and b"INVALID_ARGUMENT" in failed.stderr
+
+
+def _load_client():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("tf_serving_client", CLIENT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_client_sends_length_sorted_batches_and_prints_in_input_order():
+    client = _load_client()
+    sentences = ["a much longer sentence than the others", "b", "cc", "a long one here",
+                 "ddd", "", "eeee eeee"]
+    requests = []
+
+    def fake_predict(batch, **unused):
+        requests.append(list(batch))
+        return [{"translation": s.upper(), "score": -1.0, "length": len(s)} for s in batch]
+
+    results = list(client.translate_all(sentences, fake_predict, batch_size=3))
+    assert [r["translation"] for r in results] == [s.upper() for s in sentences]
+    sent = [s for batch in requests for s in batch]
+    assert sorted(sent) == sorted(sentences) and all(len(b) <= 3 for b in requests)
+    lengths = [len(s.encode()) for s in sent]
+    assert lengths == sorted(lengths), requests

@@ -101,3 +101,28 @@ def test_evaluate_export_on_the_copy_task(exported, copy_task):
     assert result["signature"] == "translate_greedy"
     assert result["model_path"] == str(exported / "1")
     assert evaluate_translations(result["translations"], sources)["bleu"] == result["bleu"]
+
+
+def test_iter_lines_and_count_lines_agree_with_read_lines(tmp_path):
+    from keras_transformer.export.inference import count_lines, iter_lines
+
+    cases = {"crlf.txt": b"one\r\n\ntwo\xe2\x80\xa8still two\nbad \xff byte\n",
+             "no_newline.txt": b"a\nb", "empty.txt": b"", "blank.txt": b"\n\n"}
+    for name, data in cases.items():
+        path = tmp_path / name
+        path.write_bytes(data)
+        assert list(iter_lines(path)) == read_lines(path), name
+        assert count_lines(path) == len(read_lines(path)), name
+
+
+def test_progress_bar_counts_to_the_total_and_ends_its_line():
+    from keras_transformer.export.inference import ProgressBar
+
+    stream = io.StringIO()
+    bar = ProgressBar(10, stream=stream, min_interval=0.0)
+    for _ in range(5):
+        bar.update(2)
+    bar.close()
+    text = stream.getvalue()
+    assert text.count("\r") == 5 and text.endswith("\n")
+    assert text.rsplit("\r", 1)[1].startswith("10/10 sentences 100.0%")

@@ -100,3 +100,15 @@ def test_client_needs_only_the_standard_library_at_import():
         elif isinstance(node, ast.ImportFrom):
             top_level.add(node.module.split(".")[0])
     assert top_level <= set(sys.stdlib_module_names), top_level
+
+
+def test_compose_pins_an_existing_tf_serving_release_and_the_readme_gives_the_rule():
+    from keras_transformer.export.op_check import TF_SERVING_VERSION
+
+    compose = yaml.safe_load((EXPORT_DIR / "docker-compose.yml").read_text())
+    (service,) = compose["services"].values()
+    # 2.20.0 is the newest tensorflow/serving release; the op check compares with its ops.
+    assert service["image"] == f"tensorflow/serving:${{TF_SERVING_TAG:-{TF_SERVING_VERSION}}}"
+    readme = " ".join((EXPORT_DIR / "README.md").read_text().split())
+    assert "at least as new as the TensorFlow that exported the model" in readme
+    assert "2.21.0" not in service["image"]

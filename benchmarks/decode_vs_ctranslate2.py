@@ -1,0 +1,212 @@
+"""Our exported SavedModel against CTranslate2 on the same weights, side by side in one process.
+
+    .venv/bin/python benchmarks/decode_vs_ctranslate2.py runs/multi30k [--limit N]
+
+1. Exports the run's checkpoint as a SavedModel (beam `--beam-size`, plus its
+   `translate_greedy` signature) and converts the same weights into a CTranslate2 model
+   (`keras_transformer.export.ctranslate2_converter`; needs `pip install -e .[bench]`).
+2. Conversion check: greedy translations of test_2016 from both engines must reach the same
+   BLEU (within `--bleu-tolerance`); the script stops otherwise, since timing two different
+   models says nothing.
+3. Times both engines on test_2016 (Multi30K, English -> German): beam and greedy, batches of
+   `--batch-size` (sentences/s over the whole set) and batch 1 (sentences/s and median latency
+   over the first `--latency-sentences`), each engine warmed up first. Both engines get the
+   same batches in input order, the same number of threads, raw text in and text out
+   (CTranslate2's time includes SentencePiece in Python, ours the in-graph tokenizer), at
+   most `--max-output-length` output tokens.
+4. Prints a Markdown table: sentences/s, BLEU, and the ratio ours / CTranslate2.
+
+Run it alone on a quiet machine for figures worth recording (benchmarks/RESULTS.md).
+"""
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+# The searches compared: (name, our signature, CTranslate2 beam size from the arguments).
+SEARCHES = ("beam", "greedy")
+
+
+def _parse_args(argv):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("run_dir", help="training run directory")
+    parser.add_argument("--checkpoint", default="best")
+    parser.add_argument("--limit", type=int, help="only the first N test sentences")
+    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--latency-sentences", type=int, default=100)
+    parser.add_argument("--beam-size", type=int, default=4)
+    parser.add_argument("--alpha", type=float, default=0.6, help="length penalty (ours: GNMT)")
+    parser.add_argument("--max-output-length", type=int, default=128)
+    parser.add_argument("--threads", type=int, default=os.cpu_count() or 1,
+                        help="intra-op threads of both engines (default: all cores)")
+    parser.add_argument("--quantization", default=None,
+                        help="CTranslate2 weight type, e.g. int8 (default: float32)")
+    parser.add_argument("--bleu-tolerance", type=float, default=0.5,
+                        help="largest greedy BLEU difference accepted by the conversion check")
+    parser.add_argument("--data-dir", help="raw Multi30K directory (see `keras-transformer`)")
+    return parser.parse_args(argv)
+
+
+class OurEngine:
+    """The exported SavedModel's signatures, called on raw text."""
+
+    name = "SavedModel"
+
+    def __init__(self, export_dir):
+        from keras_transformer.export import ExportedTranslator
+
+        self._translators = {
+            "beam": ExportedTranslator(export_dir, signature="translate"),
+            "greedy": ExportedTranslator(export_dir, signature="translate_greedy"),
+        }
+
+    def translate(self, sentences, search):
+        # sort_buffer_batches=1: the batch as given, as CTranslate2 gets it.
+        results = self._translators[search].translate(sentences, batch_size=len(sentences),
+                                                      sort_buffer_batches=1)
+        return [r["translation"] for r in results]
+
+
+class CTranslate2Engine:
+    """A converted CTranslate2 model with SentencePiece in Python around it."""
+
+    name = "CTranslate2"
+
+    def __init__(self, model_dir, tokenizer_model, threads, beam_size, alpha, max_length,
+                 max_input_length):
+        import ctranslate2
+        import sentencepiece
+
+        self._translator = ctranslate2.Translator(
+            str(model_dir), device="cpu", inter_threads=1, intra_threads=threads)
+        self._sentencepiece = sentencepiece.SentencePieceProcessor(model_file=tokenizer_model)
+        self._options = {
+            "beam": dict(beam_size=beam_size, length_penalty=alpha),
+            "greedy": dict(beam_size=1),
+        }
+        self._common = dict(max_decoding_length=max_length, max_input_length=max_input_length)
+
+    def translate(self, sentences, search):
+        pieces = self._sentencepiece.encode(list(sentences), out_type=str)
+        results = self._translator.translate_batch(
+            pieces, **self._options[search], **self._common)
+        return [self._sentencepiece.decode(r.hypotheses[0]) for r in results]
+
+
+def _throughput(engine, search, sources, batch_size):
+    engine.translate(sources[:batch_size], search)  # warm-up: first-call costs not timed
+    started = time.perf_counter()
+    hypotheses = []
+    for start in range(0, len(sources), batch_size):
+        hypotheses += engine.translate(sources[start:start + batch_size], search)
+    return len(sources) / (time.perf_counter() - started), hypotheses
+
+
+def _latency(engine, search, sources):
+    engine.translate(sources[:1], search)
+    latencies = []
+    for sentence in sources:
+        started = time.perf_counter()
+        engine.translate([sentence], search)
+        latencies.append(time.perf_counter() - started)
+    return len(latencies) / sum(latencies), statistics.median(latencies)
+
+
+def _bleu(hypotheses, references):
+    import sacrebleu
+
+    return sacrebleu.corpus_bleu(hypotheses, [references]).score
+
+
+def _test_set(data_dir, limit):
+    from keras_transformer.data import load_multi30k
+
+    sources, references = [], []
+    for example in load_multi30k("test_2016", local_dir=data_dir).as_numpy_iterator():
+        sources.append(example["en"].decode("utf-8"))
+        references.append(example["de"].decode("utf-8"))
+    return (sources[:limit], references[:limit]) if limit else (sources, references)
+
+
+def main(argv=None):
+    args = _parse_args(argv)
+    import tensorflow as tf
+
+    # Before TensorFlow's runtime starts: the same thread budget as CTranslate2's.
+    tf.config.threading.set_intra_op_parallelism_threads(args.threads)
+    tf.config.threading.set_inter_op_parallelism_threads(1)
+
+    from keras_transformer.export import DecodingConfig, Translator, export_translator, load_run
+    from keras_transformer.export.ctranslate2_converter import convert
+
+    model, source_tokenizer, target_tokenizer, _ = load_run(args.run_dir, args.checkpoint)
+    if source_tokenizer is not target_tokenizer:
+        raise SystemExit("The benchmark handles shared vocabularies only.")
+    sources, references = _test_set(args.data_dir, args.limit)
+    config = DecodingConfig(search="beam", beam_size=args.beam_size, alpha=args.alpha,
+                            max_output_length=args.max_output_length)
+    with tempfile.TemporaryDirectory() as tmp:
+        export_dir = export_translator(
+            Translator(model, source_tokenizer, target_tokenizer, config),
+            os.path.join(tmp, "export"))
+        ct2_dir = convert(model, source_tokenizer, target_tokenizer, os.path.join(tmp, "ct2"),
+                          quantization=args.quantization)
+        ours = OurEngine(export_dir)
+        theirs = CTranslate2Engine(
+            ct2_dir, source_tokenizer.model_path, args.threads, args.beam_size, args.alpha,
+            args.max_output_length, config.max_input_length)
+        print(f"{len(sources)} test_2016 sentences, {args.threads} thread(s), batch "
+              f"{args.batch_size}, CTranslate2 {args.quantization or 'float32'}", flush=True)
+
+        # Conversion check on greedy output, the search both engines define identically.
+        check = {}
+        for engine in (ours, theirs):
+            _, hypotheses = _throughput(engine, "greedy", sources, args.batch_size)
+            check[engine.name] = _bleu(hypotheses, references)
+        difference = abs(check[ours.name] - check[theirs.name])
+        print(f"conversion check, greedy BLEU: ours {check[ours.name]:.2f}, CTranslate2 "
+              f"{check[theirs.name]:.2f} (difference {difference:.2f})", flush=True)
+        if difference > args.bleu_tolerance:
+            print(f"Conversion check failed: BLEU differs by more than {args.bleu_tolerance}.",
+                  file=sys.stderr)
+            return 1
+
+        rows = []
+        latency_sources = sources[: args.latency_sentences]
+        for search in SEARCHES:
+            figures = {}
+            for engine in (ours, theirs):
+                rate, hypotheses = _throughput(engine, search, sources, args.batch_size)
+                rate_one, median = _latency(engine, search, latency_sources)
+                figures[engine.name] = (rate, _bleu(hypotheses, references), rate_one, median)
+                print(f"{search} {engine.name}: {rate:.1f} sent/s (batch {args.batch_size}), "
+                      f"{rate_one:.1f} sent/s and {1000 * median:.0f} ms median (batch 1), "
+                      f"BLEU {figures[engine.name][1]:.2f}", flush=True)
+            rows.append((search, figures))
+
+    label = {"beam": f"beam {args.beam_size}", "greedy": "greedy"}
+    print(f"\n| search | engine | sent/s, batch {args.batch_size} | sent/s, batch 1 | "
+          "median latency, batch 1 (ms) | BLEU |")
+    print("|---|---|---|---|---|---|")
+    for search, figures in rows:
+        for name, (rate, bleu, rate_one, median) in figures.items():
+            print(f"| {label[search]} | {name} | {rate:.1f} | {rate_one:.1f} | "
+                  f"{1000 * median:.0f} | {bleu:.2f} |")
+    print(f"\n| search | ours / CTranslate2, batch {args.batch_size} | ours / CTranslate2, "
+          "batch 1 | latency ours / CTranslate2 |")
+    print("|---|---|---|---|")
+    for search, figures in rows:
+        (ours_rate, _, ours_one, ours_median) = figures[ours.name]
+        (ct2_rate, _, ct2_one, ct2_median) = figures[theirs.name]
+        print(f"| {label[search]} | {ours_rate / ct2_rate:.2f}x | {ours_one / ct2_one:.2f}x | "
+              f"{ours_median / ct2_median:.2f}x |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

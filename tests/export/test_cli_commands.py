@@ -1,0 +1,185 @@
+"""`keras-transformer translate | evaluate | export` as a user meets them, on the tiny copy model.
+
+The quiet start-up is checked in a subprocess (TensorFlow's C++ start-up lines are written
+while TensorFlow is imported, so only a fresh process shows them); the rest calls
+`keras_transformer.cli.main` in this process, which shares the session's exported model.
+"""
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+
+import pytest
+
+from keras_transformer import cli
+from keras_transformer.export import ExportedTranslator
+
+# Lines TensorFlow's C++ side writes while it starts (seen with TF 2.21 on a CPU machine).
+STARTUP_NOISE = re.compile(
+    r"absl::InitializeLog|oneDNN custom operations|oneDNN supports|cudart_stub|cpu_feature_guard"
+    r"|To enable the following instructions|cuInit|cuda_platform|cuda drivers"
+)
+
+
+def _run_cli(*args, stdin=None):
+    env = dict(os.environ)
+    for name in ("TF_CPP_MIN_LOG_LEVEL", "TF_CPP_MAX_VLOG_LEVEL"):
+        env.pop(name, None)  # as a user's shell has it
+    return subprocess.run(
+        [sys.executable, "-m", "keras_transformer", *args], input=stdin, capture_output=True,
+        text=True, timeout=600, env=env,
+    )
+
+
+@pytest.mark.slow
+def test_commands_hide_tensorflow_startup_lines_unless_verbose(exported, copy_task):
+    stdin = "\n".join(copy_task.held_out[:2]) + "\n"
+    quiet = _run_cli("translate", "--export", str(exported), stdin=stdin)
+    assert quiet.returncode == 0, quiet.stderr[-3000:]
+    assert len(quiet.stdout.splitlines()) == 2
+    noise = [line for line in quiet.stderr.splitlines() if STARTUP_NOISE.search(line)]
+    assert not noise, noise
+
+    verbose = _run_cli("--verbose", "translate", "--export", str(exported), stdin=stdin)
+    assert verbose.returncode == 0, verbose.stderr[-3000:]
+    assert verbose.stdout == quiet.stdout
+    # Where this TensorFlow build prints start-up lines at all, --verbose lets them through.
+    probe = subprocess.run([sys.executable, "-c", "import tensorflow"], capture_output=True,
+                           text=True, timeout=300, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "0"})
+    if STARTUP_NOISE.search(probe.stderr):
+        assert STARTUP_NOISE.search(verbose.stderr), verbose.stderr[-2000:]
+
+
+def test_verbose_is_accepted_before_and_after_the_command():
+    parser = cli.build_parser()
+    assert parser.parse_args(["--verbose", "translate", "--export", "e"]).verbose
+    assert parser.parse_args(["translate", "--export", "e", "--verbose"]).verbose
+    assert not parser.parse_args(["translate", "--export", "e"]).verbose
+
+
+def _lines(count, copy_task):
+    # Sentences of very different lengths in a mixed order, so length sorting reorders them.
+    sentences = copy_task.held_out[:count]
+    return [s if i % 3 else " ".join([s] * 3) for i, s in enumerate(sentences)]
+
+
+@pytest.mark.slow
+def test_translate_file_keeps_the_input_order_and_shows_progress(
+        exported, copy_task, tmp_path, capsys):
+    sentences = _lines(11, copy_task)
+    source, output = tmp_path / "in.txt", tmp_path / "out.txt"
+    source.write_text("\n".join(sentences) + "\n", encoding="utf-8")
+    cli.main(["translate", "--export", str(exported), "--input", str(source), "--output",
+              str(output), "--batch-size", "3", "--progress"])
+    translator = ExportedTranslator(exported)
+    expected = [translator([s])[0] for s in sentences]  # one at a time
+    assert output.read_text(encoding="utf-8").splitlines() == expected
+    err = capsys.readouterr().err
+    assert "11/11" in err, err
+
+
+def test_translate_streams_batches_as_they_finish(exported, copy_task):
+    translator = ExportedTranslator(exported)
+    calls = []
+    function = translator._function
+
+    def counting(**inputs):
+        calls.append(int(inputs["text"].shape[0]))
+        return function(**inputs)
+
+    translator._function = counting
+    sentences = _lines(12, copy_task)
+    stream = translator.translate_stream(iter(sentences), batch_size=2, sort_buffer_batches=2)
+    first = next(stream)
+    # Only the first buffer (2 batches of 2) was translated before the first line came out.
+    assert sum(calls) == 4 and first["translation"] == translator([sentences[0]])[0]
+    rest = list(stream)
+    assert len(rest) == 11 and max(calls) <= 2
+
+
+@pytest.mark.slow
+def test_length_sorted_batches_restore_the_order(exported, copy_task):
+    translator = ExportedTranslator(exported)
+    batches = []
+    function = translator._function
+
+    def recording(**inputs):
+        batches.append([t.decode() for t in inputs["text"].numpy().tolist()])
+        return function(**inputs)
+
+    translator._function = recording
+    sentences = _lines(9, copy_task)
+    results = translator.translate(sentences, batch_size=3)
+    assert [r["translation"] for r in results] == [translator([s])[0] for s in sentences]
+    lengths = [len(s.encode()) for batch in batches[:3] for s in batch]
+    assert lengths == sorted(lengths), batches
+
+
+def test_evaluate_refuses_files_of_different_lengths_before_translating(tmp_path, capsys):
+    src, ref = tmp_path / "test.en", tmp_path / "test.de"
+    src.write_text("one\ntwo\nthree\n")
+    ref.write_text("eins\nzwei\n")
+    with pytest.raises(SystemExit) as error:
+        # No export exists: the check must come before the model is loaded.
+        cli.main(["evaluate", "--export", str(tmp_path / "missing"), "--src", str(src),
+                  "--ref", str(ref)])
+    message = str(error.value)
+    assert str(src) in message and str(ref) in message, message
+    assert "3" in message and "2" in message, message
+
+
+@pytest.mark.slow
+def test_evaluate_keeps_the_first_call_out_of_the_timing(exported, copy_task, tmp_path,
+                                                          monkeypatch, capsys):
+    sentences = copy_task.held_out[:6]
+    src, ref = tmp_path / "held_out.src", tmp_path / "held_out.ref"
+    src.write_text("\n".join(sentences) + "\n")
+    ref.write_text("\n".join(sentences) + "\n")
+    translate = ExportedTranslator.translate
+    first_call_seconds = 2.0
+    seen = []
+
+    def slow_first_call(self, *args, **kwargs):
+        if not seen:  # as tracing and graph optimization make the first call slow
+            time.sleep(first_call_seconds)
+        seen.append(1)
+        return translate(self, *args, **kwargs)
+
+    monkeypatch.setattr(ExportedTranslator, "translate", slow_first_call)
+    scores = tmp_path / "scores.json"
+    cli.main(["evaluate", "--export", str(exported), "--src", str(src), "--ref", str(ref),
+              "--batch-size", "3", "--json", str(scores)])
+    figures = json.loads(scores.read_text())
+    seconds = figures["sentences"] / figures["sentences_per_second"]
+    assert seconds < first_call_seconds, figures
+    assert figures["bleu"] > 50.0
+    out = capsys.readouterr().out
+    assert "nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:" in out, out
+
+
+@pytest.fixture
+def run_without_best(copy_task, tmp_path):
+    """A run directory whose training ended without a best checkpoint (only model.keras)."""
+    run = tmp_path / "run"
+    (run / "tokenizer").mkdir(parents=True)
+    copy_task.model.save(run / "model.keras")
+    shutil.copy(copy_task.tokenizer.model_path, run / "tokenizer" / "tokenizer.model")
+    return run
+
+
+@pytest.mark.slow
+def test_export_says_which_checkpoint_it_exported(run_without_best, tmp_path, capsys):
+    out_dir = tmp_path / "export"
+    cli.main(["export", "--model", str(run_without_best), "--out", str(out_dir), "--search",
+              "greedy", "--checkpoint", "best", "--max-output-length", "16"])
+    captured = capsys.readouterr()
+    assert "model.keras" in captured.out and "final" in captured.out, captured.out
+    assert "no best" in captured.err, captured.err
+    metadata = ExportedTranslator(out_dir).metadata
+    assert metadata["checkpoint"] == "final", metadata
+    assert metadata["checkpoint_requested"] == "best"
+    assert metadata["checkpoint_path"].endswith("model.keras")

@@ -1,0 +1,114 @@
+"""`keras_transformer.export.ctranslate2_converter`: CTranslate2 as a correctness oracle.
+
+A converted model must compute our model: the same log-probabilities for a given translation
+(post-norm and pre-norm, tied and untied, sinusoidal and learned positions) and, on the tiny
+trained copy model, the same greedy translation token for token.
+"""
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+ctranslate2 = pytest.importorskip(
+    "ctranslate2", reason="ctranslate2 is not installed (pip install -e .[bench])")
+
+from keras_transformer import decoding  # noqa: E402
+from keras_transformer.export import ctranslate2_converter  # noqa: E402
+from keras_transformer.model import TransformerParts, build_transformer  # noqa: E402
+from keras_transformer.text import END_ID, PAD_ID, START_ID  # noqa: E402
+
+MAX_DECODING_LENGTH = 32
+# float32 in both engines; different kernels and summation orders.
+LOG_PROB_TOLERANCE = 1e-4
+
+
+def _pieces(tokenizer, sentences):
+    """Source pieces as CTranslate2 takes them (it appends `</s>` itself)."""
+    ids = tokenizer.tokenize(tf.constant(sentences))
+    pieces = tf.ragged.map_flat_values(tokenizer.id_to_piece, ids)
+    return [[p.decode() for p in row] for row in pieces.to_list()]
+
+
+def _ids(tokenizer, sentences, **kwargs):
+    return tokenizer.tokenize(tf.constant(sentences), **kwargs).to_list()
+
+
+def _our_greedy(model, tokenizer, sentences):
+    parts = TransformerParts(model)
+    source = tokenizer.tokenize(tf.constant(sentences), add_end=True).to_tensor(PAD_ID)
+    memory, memory_mask = parts.encode(source)
+    cache = parts.initial_cache(memory, memory_mask, MAX_DECODING_LENGTH)
+    result = decoding.greedy_search(
+        parts.next_logits, cache, batch_size=len(sentences), max_length=MAX_DECODING_LENGTH,
+        start_id=START_ID, end_id=END_ID, pad_id=PAD_ID)
+    tokens, lengths = result.tokens.numpy(), result.lengths.numpy()
+    # CTranslate2's hypotheses leave out END.
+    return [[int(t) for t in row[:n] if t != END_ID] for row, n in zip(tokens, lengths)]
+
+
+@pytest.mark.slow
+def test_ctranslate2_greedy_equals_ours_token_for_token(copy_task, tmp_path):
+    path = ctranslate2_converter.convert(
+        copy_task.model, copy_task.tokenizer, copy_task.tokenizer, tmp_path / "ct2")
+    translator = ctranslate2.Translator(str(path), device="cpu", inter_threads=1,
+                                        intra_threads=1)
+    sentences = copy_task.held_out[:16]
+    results = translator.translate_batch(
+        _pieces(copy_task.tokenizer, sentences), beam_size=1,
+        max_decoding_length=MAX_DECODING_LENGTH)
+    theirs = [[int(i) for i in copy_task.tokenizer.piece_to_id(r.hypotheses[0]).numpy()]
+              for r in results]
+    ours = _our_greedy(copy_task.model, copy_task.tokenizer, sentences)
+    assert theirs == ours
+    # The copy model copies: the oracle is compared on real translations, not empty ones.
+    assert sum(o == s for o, s in zip(ours, _ids(copy_task.tokenizer, sentences))) >= 12
+
+
+def _log_probs(model, source_ids, target_ids):
+    """Our log-probability of each target token and of END, teacher-forced."""
+    encoder = tf.ragged.constant([s + [END_ID] for s in source_ids]).to_tensor(PAD_ID)
+    decoder = tf.ragged.constant([[START_ID] + t for t in target_ids]).to_tensor(PAD_ID)
+    logits = model({"encoder_tokens": encoder, "decoder_tokens": decoder}, training=False)
+    log_probs = tf.nn.log_softmax(logits).numpy()
+    return [
+        [float(log_probs[b, i, token]) for i, token in enumerate(target + [END_ID])]
+        for b, target in enumerate(target_ids)
+    ]
+
+
+@pytest.mark.parametrize(
+    "variant",
+    [
+        dict(norm_first=False),
+        dict(norm_first=True),
+        dict(norm_first=True, tie_embeddings=False, learned_positions=True, max_length=40),
+        dict(norm_first=False, activation="gelu", layer_norm_epsilon=1e-5),
+    ],
+    ids=["post_norm", "pre_norm", "pre_norm_untied_learned", "post_norm_gelu_eps"],
+)
+def test_ctranslate2_scores_equal_ours(variant, copy_task, tmp_path):
+    keras.utils.set_random_seed(3)
+    tokenizer = copy_task.tokenizer
+    model = build_transformer(tokenizer.vocab_size, d_model=16, num_heads=2, ff_dim=32,
+                              num_layers=2, dropout=0.0, **variant)
+    # Non-trivial norms: a converter that swapped gamma and beta or lost them would pass on
+    # the initial ones (1 and 0).
+    for weight in model.weights:
+        if weight.path.endswith(("gamma", "beta")):
+            weight.assign(np.random.default_rng(0).normal(1.0, 0.3, weight.shape).astype("float32"))
+    path = ctranslate2_converter.convert(model, tokenizer, tokenizer, tmp_path / "ct2")
+    translator = ctranslate2.Translator(str(path), device="cpu", intra_threads=1)
+    sources, targets = copy_task.held_out[:4], copy_task.held_out[4:8]
+    results = translator.score_batch(_pieces(tokenizer, sources), _pieces(tokenizer, targets))
+    theirs = [r.log_probs for r in results]
+    ours = _log_probs(model, _ids(tokenizer, sources), _ids(tokenizer, targets))
+    for their_row, our_row in zip(theirs, ours):
+        np.testing.assert_allclose(their_row, our_row, atol=LOG_PROB_TOLERANCE)
+
+
+def test_vocabulary_is_the_pieces_in_id_order(copy_task):
+    pieces = ctranslate2_converter.vocabulary(copy_task.tokenizer)
+    assert pieces[:4] == ["<pad>", "<s>", "</s>", "<unk>"]
+    assert len(pieces) == copy_task.tokenizer.vocab_size
+    assert copy_task.tokenizer.piece_to_id(pieces).numpy().tolist() == list(range(len(pieces)))

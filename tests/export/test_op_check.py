@@ -1,0 +1,80 @@
+"""`keras_transformer.export.op_check`: stock TF Serving can run every op of an export."""
+
+import pytest
+import tensorflow as tf
+
+from keras_transformer.export import latest_version_dir
+from keras_transformer.export.op_check import (
+    PYTHON_OPS,
+    TF_SERVING_VERSION,
+    check_export,
+    main,
+    saved_model_ops,
+    serving_ops,
+)
+from keras_transformer.export.op_lists import TENSORFLOW_OPS
+
+
+@pytest.fixture(scope="module")
+def core_and_text():
+    return serving_ops()
+
+
+@pytest.mark.slow  # two fresh TensorFlow processes list the op registry
+def test_core_and_text_op_sets(core_and_text):
+    core, text = core_and_text
+    assert {"MatMul", "StatelessWhile", "PyFunc"} <= core
+    # TF Text's ops_lib, SentencePiece ops included; none of them is core.
+    assert {"SentencepieceOp", "SentencepieceTokenizeOp", "SentencepieceDetokenizeOp"} <= text
+    assert not core & text
+
+
+@pytest.mark.slow
+def test_the_export_uses_only_ops_stock_tf_serving_links_in(exported, core_and_text):
+    report = check_export(latest_version_dir(exported), releases=[TF_SERVING_VERSION],
+                          core_and_text=core_and_text)
+    assert report.ok, report.summary()
+    assert not report.python_ops and not report.unknown_ops
+    # The function library was read: the decoding loop and the tokenizer are in it.
+    assert {"While", "StatelessWhile"} & set(report.ops), report.ops
+    assert "SentencepieceTokenizeOp" in report.text_ops
+    # The newest TF Serving (TensorFlow 2.20) has every core op this TensorFlow exported.
+    assert report.missing_in_release[TF_SERVING_VERSION] == [], report.summary()
+
+
+@pytest.mark.slow  # two fresh TensorFlow processes list the op registry
+def test_python_ops_and_foreign_ops_are_refused(tmp_path, core_and_text):
+    module = tf.Module()
+    module.f = tf.function(
+        lambda x: tf.py_function(lambda v: v * 2, [x], tf.float32),
+        input_signature=[tf.TensorSpec([None], tf.float32)])
+    tf.saved_model.save(module, str(tmp_path), signatures=module.f.get_concrete_function())
+    ops = saved_model_ops(tmp_path)
+    assert "EagerPyFunc" in ops and "EagerPyFunc" in PYTHON_OPS
+    core, text = core_and_text
+    report = check_export(tmp_path, core_and_text=(core, text))
+    assert not report.ok and report.python_ops == ["EagerPyFunc"]
+    # An op that no server links in (core without Identity stands in for a custom op).
+    without_identity = check_export(tmp_path, core_and_text=(core - {"Identity"}, text))
+    assert without_identity.unknown_ops == ["Identity"]
+    assert "NOT IN CORE" in without_identity.summary()
+
+
+@pytest.mark.slow  # two fresh TensorFlow processes list the op registry
+def test_release_comparison_names_the_missing_ops(tmp_path, core_and_text):
+    module = tf.Module()
+    module.f = tf.function(lambda x: x + 1.0, input_signature=[tf.TensorSpec([], tf.float32)])
+    tf.saved_model.save(module, str(tmp_path))
+    core, text = core_and_text
+    release = TENSORFLOW_OPS[TF_SERVING_VERSION]
+    assert len(release) > 1000 and "AddV2" in release and "DisableCopyOnRead" in release
+    report = check_export(tmp_path, releases=[TF_SERVING_VERSION], core_and_text=(core, text))
+    assert report.missing_in_release == {TF_SERVING_VERSION: []}
+    # What TF 2.21 added (DecodeJxl) is a difference the comparison must be able to see.
+    assert "DecodeJxl" in core - release
+
+
+@pytest.mark.slow
+def test_command_line_exit_status(exported, capsys):
+    assert main([str(exported)]) == 0
+    assert "OK for stock TF Serving" in capsys.readouterr().out
