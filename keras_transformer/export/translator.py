@@ -236,15 +236,16 @@ class Translator(tf.Module):
                 (memory, memory_mask),
                 **common,
             )
-        cache = parts.initial_cache(memory, memory_mask, config.max_output_length)
+        # The memory part of the cache stays outside the search's cache (not tiled to beams).
+        next_logits, cache = parts.step_function(memory, memory_mask, config.max_output_length)
         if search == "greedy":
-            return decoding.greedy_search(parts.next_logits, cache, **common)
+            return decoding.greedy_search(next_logits, cache, **common)
         if search == "beam":
             return decoding.beam_search(
-                parts.next_logits, cache, beam_size=config.beam_size, alpha=config.alpha, **common
+                next_logits, cache, beam_size=config.beam_size, alpha=config.alpha, **common
             )
         return decoding.sample(
-            parts.next_logits,
+            next_logits,
             cache,
             temperature=config.temperature,
             top_k=config.top_k,
