@@ -293,12 +293,12 @@ class TransformerParts:
         )[:, None, None, :]  # (B, 1, 1, S)
         return {"cross": tuple(cross), "bias": bias}
 
-    def _empty_self_cache(self, memory):
+    def _empty_self_cache(self, memory, length=0):
         batch = ops.shape(memory)[0]
         caches = []
         for block in self.decoder.blocks:
             attention = block._self_attention
-            shape = (batch, attention.num_heads, 0, attention._head_dim)
+            shape = (batch, attention.num_heads, length, attention._head_dim)
             caches.append((ops.zeros(shape, memory.dtype), ops.zeros(shape, memory.dtype)))
         return tuple(caches)
 
@@ -331,7 +331,7 @@ class TransformerParts:
         )
         return logits, {"self": self_cache, "memory": cache["memory"]}
 
-    def step_function(self, memory, memory_mask, max_length):
+    def step_function(self, memory, memory_mask, max_length, fixed_length=False):
         """`(next_logits, cache)` for a search, the memory kept out of the search's cache.
 
         The memory part (cross-attention keys/values, padding bias), the fused kernels and
@@ -343,6 +343,10 @@ class TransformerParts:
             memory: `(B, S, d_model)` from `encode`.
             memory_mask: bool `(B, S)`.
             max_length: int, the number of decoder positions (the position table's size).
+            fixed_length: bool, a self-attention cache of `max_length` positions written in
+                place at each step (`(N, H, T_max, d_k)`, unwritten positions masked)
+                instead of a growing one: every shape in the loop is then static, which XLA
+                compilation needs. Defaults to `False`.
 
         Returns:
             `(next_logits(tokens (N, 1), cache, index) -> (logits (N, V), cache), cache)`.
@@ -350,15 +354,16 @@ class TransformerParts:
         memory_state = self.memory_state(memory, memory_mask)
         weights = self._step_weights()
         table = self._position_table(max_length)  # (T_max, d_model)
+        fixed = max_length if fixed_length else None
 
         def next_logits(tokens, cache, index):
             positions = ops.take(table, ops.reshape(index, (1,)), axis=0)  # (1, d_model)
             logits, self_cache = self._step(
-                tokens, cache["self"], memory_state, index, weights, positions
+                tokens, cache["self"], memory_state, index, weights, positions, fixed
             )
             return logits, {"self": self_cache}
 
-        return next_logits, {"self": self._empty_self_cache(memory)}
+        return next_logits, {"self": self._empty_self_cache(memory, fixed or 0)}
 
     def _step_weights(self):
         """`(per block weights, (projection kernel, bias))`. Per block: the fused self-attention Q/K/V kernel and bias (queries scaled by
@@ -390,7 +395,7 @@ class TransformerParts:
             return ops.take(embedding.position_embeddings, ops.reshape(index, (1,)), axis=0)
         return sinusoidal_encoding(1, embedding.d_model, index, dtype=embedding.compute_dtype)
 
-    def _step(self, tokens, self_cache, memory_state, index, weights, positions):
+    def _step(self, tokens, self_cache, memory_state, index, weights, positions, fixed=None):
         """The decoder on one position: `(logits (N, V), new self-attention cache)`."""
         embedding = self.target_embedding
         table = ops.convert_to_tensor(embedding.embeddings)
@@ -398,13 +403,18 @@ class TransformerParts:
         if embedding.scale_embeddings:
             x = x * ops.cast(math.sqrt(embedding.d_model), x.dtype)
         x = x + ops.cast(positions, x.dtype)  # (N, d)
+        # A fixed-size cache hides the positions not written yet: (1, 1, 1, T_max).
+        self_bias = None if fixed is None else ops.where(
+            ops.arange(fixed)[None, None, None, :] <= ops.cast(index, "int32"),
+            0.0, masking.large_negative("float32"))
         new_cache = []
         block_weights_list, (projection_kernel, projection_bias) = weights
         for block, block_weights, block_cache, cross in zip(
             self.decoder.blocks, block_weights_list, self_cache, memory_state["cross"]
         ):
             x, block_cache = _decoder_block_step(
-                block, block_weights, x, block_cache, cross, memory_state["bias"]
+                block, block_weights, x, block_cache, cross, memory_state["bias"], index,
+                self_bias
             )
             new_cache.append(block_cache)
         if self.decoder._final_norm is not None:
@@ -478,11 +488,15 @@ def _attention(queries, keys, values, bias=None):
     return ops.matmul(weights, values)  # (.., H, T, d_k)
 
 
-def _decoder_block_step(block, weights, x, self_cache, cross, memory_bias):
-    """One `DecoderBlock` on `(N, d)` rows with a growing self-attention cache.
+def _decoder_block_step(block, weights, x, self_cache, cross, memory_bias, index,
+                        self_bias=None):
+    """One `DecoderBlock` on `(N, d)` rows.
+
+    The self-attention cache grows by concatenation, or with `self_bias` (the mask of the
+    written positions of a fixed-size cache) is written in place at `index`.
 
     Returns:
-        `(x (N, d), (keys, values) (N, H, t + 1, d_k))`.
+        `(x (N, d), (keys, values))`, `(N, H, t + 1, d_k)` or the fixed size.
     """
     kernel, bias, query_kernel, query_bias = weights
     self_attention, cross_attention = block._self_attention, block._cross_attention
@@ -492,9 +506,15 @@ def _decoder_block_step(block, weights, x, self_cache, cross, memory_bias):
     def self_attend(h):
         qkv = ops.reshape(_linear(h, kernel, bias), (rows, 3, num_heads, 1, -1))
         queries, new_keys, new_values = ops.unstack(qkv, axis=1)  # (N, H, 1, d_k) each
-        keys = ops.concatenate([self_cache[0], new_keys], axis=2)  # (N, H, t + 1, d_k)
-        values = ops.concatenate([self_cache[1], new_values], axis=2)
-        outputs = _attention(queries, keys, values)  # (N, H, 1, d_k)
+        if self_bias is None:
+            keys = ops.concatenate([self_cache[0], new_keys], axis=2)  # (N, H, t + 1, d_k)
+            values = ops.concatenate([self_cache[1], new_values], axis=2)
+        else:
+            zero = ops.zeros((), "int32")
+            start = [zero, zero, ops.cast(index, "int32"), zero]
+            keys = ops.slice_update(self_cache[0], start, new_keys)  # (N, H, T_max, d_k)
+            values = ops.slice_update(self_cache[1], start, new_values)
+        outputs = _attention(queries, keys, values, self_bias)  # (N, H, 1, d_k)
         outputs = ops.reshape(outputs, (rows, -1))
         dense = self_attention._output_dense
         return _linear(outputs, dense.kernel, dense.bias if dense.use_bias else None), (

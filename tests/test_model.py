@@ -243,3 +243,19 @@ def test_step_function_with_beams_attends_the_untiled_memory_like_the_tiled_cach
         np.testing.assert_allclose(_np(logits), _np(expected), rtol=1e-5, atol=1e-5)
         assert cache["self"][0][0].shape == (2 * beams, 2, index + 1, 8)  # grows by one
         tokens = np.array(step_tokens, "int32")
+
+
+def test_fixed_length_cache_gives_the_growing_cache_logits():
+    """The fixed-size cache (for XLA) masks unwritten positions: same logits as growing."""
+    model = build_transformer(**TINY)
+    parts = TransformerParts(model)
+    memory, memory_mask = parts.encode(_batch()["encoder_tokens"])
+    growing_step, growing = parts.step_function(memory, memory_mask, max_length=6)
+    fixed_step, fixed = parts.step_function(memory, memory_mask, max_length=6, fixed_length=True)
+    assert fixed["self"][0][0].shape == (2, 2, 6, 8)
+    for index in range(4):
+        tokens = _batch()["decoder_tokens"][:, index:index + 1]
+        expected, growing = growing_step(tokens, growing, index)
+        logits, fixed = fixed_step(tokens, fixed, index)
+        np.testing.assert_allclose(_np(logits), _np(expected), rtol=1e-5, atol=1e-5)
+    assert fixed["self"][0][0].shape == (2, 2, 6, 8)
