@@ -136,7 +136,11 @@ def session_profile(export_path, signature, sentences, repeats):
     import tensorflow_text  # noqa: F401 (registers the SentencePiece ops)
 
     graph = tf.Graph()
-    with graph.as_default(), tf.compat.v1.Session(graph=graph) as session:
+    config = tf.compat.v1.ConfigProto(
+        intra_op_parallelism_threads=tf.config.threading.get_intra_op_parallelism_threads(),
+        inter_op_parallelism_threads=tf.config.threading.get_inter_op_parallelism_threads(),
+    )
+    with graph.as_default(), tf.compat.v1.Session(graph=graph, config=config) as session:
         meta = tf.compat.v1.saved_model.load(session, ["serve"], str(export_path))
         signature_def = meta.signature_def[signature]
         feed = {signature_def.inputs["text"].name: sentences}
@@ -247,7 +251,7 @@ def print_times(times, names, batches):
     print("\n## (c) ms per decoding step (SavedModel, median of alternating repetitions; "
           "spread = (max - min) / median)")
     header = "".join(f"{name:>22s}" for name in names)
-    ratios = "".join(f"{'/' + names[0]:>14s}" for _ in names[1:])
+    ratios = "".join(f"{name[:6] + '/' + names[0][:6]:>14s}" for name in names[1:])
     print(f"  {'signature':18s}{'batch':>7s}{header}{ratios}")
     for signature, batch_name in itertools.product(SIGNATURES, batches):
         cells, medians = "", []
@@ -280,7 +284,16 @@ def main():
     parser.add_argument("--uncached", action="store_true",
                         help="also time uncached greedy against cached greedy")
     parser.add_argument("--skip-profile", action="store_true", help="no step stats")
+    parser.add_argument("--intra-op-threads", type=int, default=0,
+                        help="TensorFlow intra-op threads (0 = TensorFlow's default)")
+    parser.add_argument("--inter-op-threads", type=int, default=0,
+                        help="TensorFlow inter-op threads (0 = TensorFlow's default)")
     args = parser.parse_args()
+    import tensorflow as tf
+
+    # Process-wide and fixed once TensorFlow starts: compare thread settings across runs.
+    tf.config.threading.set_intra_op_parallelism_threads(args.intra_op_threads)
+    tf.config.threading.set_inter_op_parallelism_threads(args.inter_op_threads)
     work_dir = pathlib.Path(args.work_dir)
 
     sources = read_lines(TEST_SOURCES, args.batch_size)
