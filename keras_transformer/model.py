@@ -366,9 +366,12 @@ class TransformerParts:
         return next_logits, {"self": self._empty_self_cache(memory, fixed or 0)}
 
     def _step_weights(self):
-        """`(per block weights, (projection kernel, bias))`. Per block: the fused self-attention Q/K/V kernel and bias (queries scaled by
+        """`(per block weights, (projection kernel, bias))`.
+
+        Per block: the fused self-attention Q/K/V kernel and bias (queries scaled by
         1/sqrt(d_k), which folds the attention scale into the projection) and the
-        cross-attention query kernel and bias (scaled likewise)."""
+        cross-attention query kernel and bias (scaled likewise).
+        """
         weights = []
         for block in self.decoder.blocks:
             self_attention, cross_attention = block._self_attention, block._cross_attention
@@ -488,6 +491,22 @@ def _attention(queries, keys, values, bias=None):
     return ops.matmul(weights, values)  # (.., H, T, d_k)
 
 
+def _single_query_attention(queries, keys, values, bias=None):
+    """`_attention` for one query per row, `(N, H, 1, d_k)` over `(N, H, t, d_k)`.
+
+    Written with elementwise products and sums: for a single query, the batched matmuls and
+    the softmax that TensorFlow hands to oneDNN cost a fixed ~100-200 us each (measured with
+    benchmarks/profile_decoder.py), more than the arithmetic.
+    """
+    logits = ops.sum(ops.cast(queries, "float32") * ops.cast(keys, "float32"), axis=-1)  # (N, H, t)
+    if bias is not None:
+        logits = logits + bias[..., 0, :]
+    logits = logits - ops.max(logits, axis=-1, keepdims=True)
+    exp = ops.exp(logits)
+    weights = ops.cast(exp / ops.sum(exp, axis=-1, keepdims=True), values.dtype)  # (N, H, t)
+    return ops.sum(weights[..., None] * values, axis=-2, keepdims=True)  # (N, H, 1, d_k)
+
+
 def _decoder_block_step(block, weights, x, self_cache, cross, memory_bias, index,
                         self_bias=None):
     """One `DecoderBlock` on `(N, d)` rows.
@@ -514,7 +533,7 @@ def _decoder_block_step(block, weights, x, self_cache, cross, memory_bias, index
             start = [zero, zero, ops.cast(index, "int32"), zero]
             keys = ops.slice_update(self_cache[0], start, new_keys)  # (N, H, T_max, d_k)
             values = ops.slice_update(self_cache[1], start, new_values)
-        outputs = _attention(queries, keys, values, self_bias)  # (N, H, 1, d_k)
+        outputs = _single_query_attention(queries, keys, values, self_bias)  # (N, H, 1, d_k)
         outputs = ops.reshape(outputs, (rows, -1))
         dense = self_attention._output_dense
         return _linear(outputs, dense.kernel, dense.bias if dense.use_bias else None), (
