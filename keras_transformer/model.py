@@ -1,9 +1,13 @@
 """`build_transformer`: the encoder-decoder Transformer as a Keras functional model."""
 
+import math
+import warnings
+
 import keras
 from keras import ops
 
-from keras_transformer.layers import Decoder, Encoder, PositionalEmbedding
+from keras_transformer.layers import Decoder, Encoder, PositionalEmbedding, masking
+from keras_transformer.layers.positional_embedding import sinusoidal_encoding
 
 ENCODER_INPUT = "encoder_tokens"
 DECODER_INPUT = "decoder_tokens"
@@ -201,6 +205,25 @@ class TransformerParts:
     this class builds them from the layers of a model made by `build_transformer`, so a loaded
     `.keras` model decodes with a key/value cache without being rebuilt.
 
+    The cached step is a decoding-time fast path over the trained weights, not a call of the
+    Keras layers: hidden states are `(N, d_model)` matrices (one position per row), the
+    self-attention query/key/value projections run as one matmul and the cross-attention
+    key/value projections as another (kernels concatenated from the trained ones when
+    decoding starts; the trained weights and `.keras` files are unchanged), attention is a
+    batched matmul over `(N, H, t, d_k)` keys/values, and positions come from a table
+    computed once. It computes the same function as the layers (`full_logits`).
+
+    Cache layout: `{"self": per block (keys, values), "memory": {"cross": per block (keys,
+    values), "bias": (B, 1, 1, S)}}`. Self-attention keys/values are `(N, H, t, d_k)` and
+    grow by one position per step (concatenation: a step copies the `t` positions written,
+    where a fixed `T_max` buffer would be copied whole by every write and every beam
+    reorder); the searches let an axis that starts empty grow. The memory part holds the
+    cross-attention keys/values `(B, H, S, d_k)` and the additive padding bias of the
+    source. `step_function` keeps that part at `B` rows outside the search's cache: with
+    `N = B * K` beam rows (beams of one sentence adjacent), the queries of a sentence's `K`
+    beams are attended together as `K` query positions, so the memory is never tiled to
+    `B * K` rows nor reordered with the beams.
+
     Args:
         model: a `keras.Model` from `build_transformer` (or loaded from its `.keras` file).
 
@@ -240,16 +263,52 @@ class TransformerParts:
         memory = self.encoder(embedded, padding_mask=memory_mask, training=training)
         return memory, memory_mask
 
-    def initial_cache(self, memory, memory_mask, max_length):
-        """The decoding cache: empty self-attention caches, cross keys/values, memory mask.
+    def initial_cache(self, memory, memory_mask, max_length=None):
+        """The whole decoding cache, memory part included (see the class docstring).
 
-        The decoder's own cache (see `Decoder.initialize_cache`) as a dict, so the searches
-        see named parts.
+        Args:
+            memory: `(B, S, d_model)` from `encode`.
+            memory_mask: bool `(B, S)`, `True` for real source tokens.
+            max_length: int or `None`, unused: the self-attention cache grows step by step.
+                Kept for callers that size a cache.
+
+        Returns:
+            `{"self": ..., "memory": ...}` with leading axis `B` everywhere.
         """
-        self_cache, cross_cache, memory_mask = self.decoder.initialize_cache(
-            memory, max_length, encoder_padding_mask=memory_mask
-        )
-        return {"self": self_cache, "cross": cross_cache, "memory_mask": memory_mask}
+        del max_length
+        return {"self": self._empty_self_cache(memory), "memory": self.memory_state(
+            memory, memory_mask)}
+
+    def memory_state(self, memory, memory_mask):
+        """Every block's cross-attention keys/values `(B, H, S, d_k)` and the padding bias."""
+        cross = []
+        for block in self.decoder.blocks:
+            kernel, bias = _fused_projection(block._cross_attention, ("key", "value"))
+            keys_values = _linear(memory, kernel, bias)  # (B, S, 2 * H * d_k)
+            keys, values = ops.split(keys_values, 2, axis=-1)
+            cross.append((_heads(keys, block.num_heads), _heads(values, block.num_heads)))
+        # Additive bias: 0 on real source tokens, a large negative on padding.
+        bias = ops.where(
+            ops.cast(memory_mask, "bool"), 0.0, masking.large_negative("float32")
+        )[:, None, None, :]  # (B, 1, 1, S)
+        return {"cross": tuple(cross), "bias": bias}
+
+    def _empty_self_cache(self, memory, length=0):
+        batch = ops.shape(memory)[0]
+        caches = []
+        for block in self.decoder.blocks:
+            attention = block._self_attention
+            shape = (batch, attention.num_heads, length, attention._head_dim)
+            caches.append((ops.zeros(shape, memory.dtype), ops.zeros(shape, memory.dtype)))
+        return tuple(caches)
+
+    def _projection_kernel(self):
+        """`(d_model, V)` kernel and bias of the pre-softmax projection (tied: the
+        transposed embedding matrix, transposed once per search rather than every step)."""
+        if self.output_projection is None:
+            return ops.transpose(ops.convert_to_tensor(self.target_embedding.embeddings)), None
+        dense = self.output_projection
+        return ops.convert_to_tensor(dense.kernel), ops.convert_to_tensor(dense.bias)
 
     def project(self, hidden):
         """Hidden states `(..., d_model)` -> float32 logits `(..., V)`."""
@@ -260,18 +319,111 @@ class TransformerParts:
         return ops.cast(logits, "float32")
 
     def next_logits(self, tokens, cache, index):
-        """One cached decoder step: `tokens` `(N, 1)` at position `index` -> logits `(N, V)`."""
-        embedded = self.target_embedding(tokens, start_index=index, training=False)
-        # The memory's padding mask travels in the decoder's cache.
-        hidden, (self_cache, cross_cache, memory_mask) = self.decoder(
-            embedded,
-            None,
-            cache=(cache["self"], cache["cross"], cache["memory_mask"]),
-            cache_index=index,
-            training=False,
+        """One cached decoder step: `tokens` `(N, 1)` at position `index` -> logits `(N, V)`.
+
+        `cache` is `initial_cache`'s structure; its memory part may have `N` rows or fewer
+        (`B` rows for `N = B * K` adjacent beams).
+        """
+        weights = self._step_weights()
+        logits, self_cache = self._step(
+            tokens, cache["self"], cache["memory"], index, weights,
+            self._positions(index, weights),
         )
-        logits = self.project(hidden[:, -1])
-        return logits, {"self": self_cache, "cross": cross_cache, "memory_mask": memory_mask}
+        return logits, {"self": self_cache, "memory": cache["memory"]}
+
+    def step_function(self, memory, memory_mask, max_length, fixed_length=False):
+        """`(next_logits, cache)` for a search, the memory kept out of the search's cache.
+
+        The memory part (cross-attention keys/values, padding bias), the fused kernels and
+        the position table are computed once here and captured by `next_logits`, so a
+        beam search neither tiles nor reorders them; `cache` holds the self-attention
+        keys/values only.
+
+        Args:
+            memory: `(B, S, d_model)` from `encode`.
+            memory_mask: bool `(B, S)`.
+            max_length: int, the number of decoder positions (the position table's size).
+            fixed_length: bool, a self-attention cache of `max_length` positions written in
+                place at each step (`(N, H, T_max, d_k)`, unwritten positions masked)
+                instead of a growing one: every shape in the loop is then static, which XLA
+                compilation needs. Defaults to `False`.
+
+        Returns:
+            `(next_logits(tokens (N, 1), cache, index) -> (logits (N, V), cache), cache)`.
+        """
+        memory_state = self.memory_state(memory, memory_mask)
+        weights = self._step_weights()
+        table = self._position_table(max_length)  # (T_max, d_model)
+        fixed = max_length if fixed_length else None
+
+        def next_logits(tokens, cache, index):
+            positions = ops.take(table, ops.reshape(index, (1,)), axis=0)  # (1, d_model)
+            logits, self_cache = self._step(
+                tokens, cache["self"], memory_state, index, weights, positions, fixed
+            )
+            return logits, {"self": self_cache}
+
+        return next_logits, {"self": self._empty_self_cache(memory, fixed or 0)}
+
+    def _step_weights(self):
+        """`(per block weights, (projection kernel, bias))`.
+
+        Per block: the fused self-attention Q/K/V kernel and bias (queries scaled by
+        1/sqrt(d_k), which folds the attention scale into the projection) and the
+        cross-attention query kernel and bias (scaled likewise).
+        """
+        weights = []
+        for block in self.decoder.blocks:
+            self_attention, cross_attention = block._self_attention, block._cross_attention
+            kernel, bias = _fused_projection(
+                self_attention, ("query", "key", "value"),
+                query_scale=self_attention._head_dim ** -0.5,
+            )
+            query_kernel, query_bias = _fused_projection(
+                cross_attention, ("query",), query_scale=cross_attention._head_dim ** -0.5
+            )
+            weights.append((kernel, bias, query_kernel, query_bias))
+        return weights, self._projection_kernel()
+
+    def _position_table(self, length):
+        """Position encodings of positions `0 .. length - 1`, `(length, d_model)`."""
+        embedding = self.target_embedding
+        if embedding.learned_positions:
+            return ops.convert_to_tensor(embedding.position_embeddings)[:length]
+        return sinusoidal_encoding(length, embedding.d_model, dtype=embedding.compute_dtype)
+
+    def _positions(self, index, weights):
+        embedding = self.target_embedding
+        if embedding.learned_positions:
+            return ops.take(embedding.position_embeddings, ops.reshape(index, (1,)), axis=0)
+        return sinusoidal_encoding(1, embedding.d_model, index, dtype=embedding.compute_dtype)
+
+    def _step(self, tokens, self_cache, memory_state, index, weights, positions, fixed=None):
+        """The decoder on one position: `(logits (N, V), new self-attention cache)`."""
+        embedding = self.target_embedding
+        table = ops.convert_to_tensor(embedding.embeddings)
+        x = ops.take(table, ops.reshape(ops.cast(tokens, "int32"), (-1,)), axis=0)  # (N, d)
+        if embedding.scale_embeddings:
+            x = x * ops.cast(math.sqrt(embedding.d_model), x.dtype)
+        x = x + ops.cast(positions, x.dtype)  # (N, d)
+        # A fixed-size cache hides the positions not written yet: (1, 1, 1, T_max).
+        self_bias = None if fixed is None else ops.where(
+            ops.arange(fixed)[None, None, None, :] <= ops.cast(index, "int32"),
+            0.0, masking.large_negative("float32"))
+        new_cache = []
+        block_weights_list, (projection_kernel, projection_bias) = weights
+        for block, block_weights, block_cache, cross in zip(
+            self.decoder.blocks, block_weights_list, self_cache, memory_state["cross"]
+        ):
+            x, block_cache = _decoder_block_step(
+                block, block_weights, x, block_cache, cross, memory_state["bias"], index,
+                self_bias
+            )
+            new_cache.append(block_cache)
+        if self.decoder._final_norm is not None:
+            x = self.decoder._final_norm(x)
+        logits = _linear(x, projection_kernel, projection_bias)  # (N, V)
+        return ops.cast(logits, "float32"), tuple(new_cache)
 
     def full_logits(self, decoder_tokens, memory, memory_mask):
         """Uncached reference: logits `(B, T, V)` for a whole prefix, recomputed from scratch."""
@@ -284,3 +436,122 @@ class TransformerParts:
             training=False,
         )
         return self.project(hidden)
+
+
+def _fused_projection(attention, names, query_scale=None):
+    """The kernels (and biases) of `attention`'s projections `names`, side by side.
+
+    Args:
+        attention: a built `MultiHeadAttention`.
+        names: projections among `"query"`, `"key"`, `"value"`.
+        query_scale: float or `None`, multiplies the query kernel and bias.
+
+    Returns:
+        `(kernel (d_in, len(names) * H * d_k), bias or None)`.
+    """
+    kernels, biases = [], []
+    for name in names:
+        dense = getattr(attention, f"_{name}_dense")
+        kernel = ops.convert_to_tensor(dense.kernel)
+        bias = ops.convert_to_tensor(dense.bias) if dense.use_bias else None
+        if name == "query" and query_scale is not None:
+            kernel = kernel * query_scale
+            bias = None if bias is None else bias * query_scale
+        kernels.append(kernel)
+        biases.append(bias)
+    kernel = kernels[0] if len(kernels) == 1 else ops.concatenate(kernels, axis=-1)
+    if biases[0] is None:
+        return kernel, None
+    return kernel, (biases[0] if len(biases) == 1 else ops.concatenate(biases, axis=-1))
+
+
+def _linear(x, kernel, bias):
+    """`x @ kernel + bias` in `x`'s dtype."""
+    y = ops.matmul(x, ops.cast(kernel, x.dtype))
+    return y if bias is None else y + ops.cast(bias, x.dtype)
+
+
+def _heads(x, num_heads):
+    """`(B, S, H * d_k)` -> `(B, H, S, d_k)`."""
+    shape = ops.shape(x)
+    x = ops.reshape(x, (shape[0], shape[1], num_heads, -1))
+    return ops.transpose(x, (0, 2, 1, 3))
+
+
+def _attention(queries, keys, values, bias=None):
+    """softmax(Q K^T + bias) V on `(.., H, T, d_k)` heads (Q already scaled); logits float32."""
+    logits = ops.matmul(ops.cast(queries, "float32"),
+                        ops.swapaxes(ops.cast(keys, "float32"), -1, -2))  # (.., H, T, S)
+    if bias is not None:
+        logits = logits + bias
+    with warnings.catch_warnings():
+        # At the first step the key axis has one position; Keras warns about a size-1 softmax.
+        warnings.simplefilter("ignore", UserWarning)
+        weights = ops.cast(ops.softmax(logits, axis=-1), values.dtype)
+    return ops.matmul(weights, values)  # (.., H, T, d_k)
+
+
+def _single_query_attention(queries, keys, values, bias=None):
+    """`_attention` for one query per row, `(N, H, 1, d_k)` over `(N, H, t, d_k)`.
+
+    Written with elementwise products and sums: for a single query, the batched matmuls and
+    the softmax that TensorFlow hands to oneDNN cost a fixed ~100-200 us each (measured with
+    benchmarks/profile_decoder.py), more than the arithmetic.
+    """
+    logits = ops.sum(ops.cast(queries, "float32") * ops.cast(keys, "float32"), axis=-1)  # (N, H, t)
+    if bias is not None:
+        logits = logits + bias[..., 0, :]
+    logits = logits - ops.max(logits, axis=-1, keepdims=True)
+    exp = ops.exp(logits)
+    weights = ops.cast(exp / ops.sum(exp, axis=-1, keepdims=True), values.dtype)  # (N, H, t)
+    return ops.sum(weights[..., None] * values, axis=-2, keepdims=True)  # (N, H, 1, d_k)
+
+
+def _decoder_block_step(block, weights, x, self_cache, cross, memory_bias, index,
+                        self_bias=None):
+    """One `DecoderBlock` on `(N, d)` rows.
+
+    The self-attention cache grows by concatenation, or with `self_bias` (the mask of the
+    written positions of a fixed-size cache) is written in place at `index`.
+
+    Returns:
+        `(x (N, d), (keys, values))`, `(N, H, t + 1, d_k)` or the fixed size.
+    """
+    kernel, bias, query_kernel, query_bias = weights
+    self_attention, cross_attention = block._self_attention, block._cross_attention
+    num_heads = self_attention.num_heads
+    rows = ops.shape(x)[0]
+
+    def self_attend(h):
+        qkv = ops.reshape(_linear(h, kernel, bias), (rows, 3, num_heads, 1, -1))
+        queries, new_keys, new_values = ops.unstack(qkv, axis=1)  # (N, H, 1, d_k) each
+        if self_bias is None:
+            keys = ops.concatenate([self_cache[0], new_keys], axis=2)  # (N, H, t + 1, d_k)
+            values = ops.concatenate([self_cache[1], new_values], axis=2)
+        else:
+            zero = ops.zeros((), "int32")
+            start = [zero, zero, ops.cast(index, "int32"), zero]
+            keys = ops.slice_update(self_cache[0], start, new_keys)  # (N, H, T_max, d_k)
+            values = ops.slice_update(self_cache[1], start, new_values)
+        outputs = _single_query_attention(queries, keys, values, self_bias)  # (N, H, 1, d_k)
+        outputs = ops.reshape(outputs, (rows, -1))
+        dense = self_attention._output_dense
+        return _linear(outputs, dense.kernel, dense.bias if dense.use_bias else None), (
+            keys, values)
+
+    def cross_attend(h):
+        # The K beams of a sentence attend its memory together, as K query positions.
+        memory_keys, memory_values = cross  # (B, H, S, d_k)
+        batch = ops.shape(memory_keys)[0]
+        queries = ops.reshape(_linear(h, query_kernel, query_bias), (batch, -1, num_heads,
+                                                                      cross_attention._head_dim))
+        queries = ops.transpose(queries, (0, 2, 1, 3))  # (B, H, K, d_k)
+        outputs = _attention(queries, memory_keys, memory_values, memory_bias)  # (B, H, K, d_k)
+        outputs = ops.reshape(ops.transpose(outputs, (0, 2, 1, 3)), (rows, -1))  # (N, H d_k)
+        dense = cross_attention._output_dense
+        return _linear(outputs, dense.kernel, dense.bias if dense.use_bias else None)
+
+    x, (new_cache,) = block._sublayer("self_attention", x, self_attend, False)
+    x, _ = block._sublayer("cross_attention", x, cross_attend, False)
+    x = block._feed_forward_sublayer(x, False)
+    return x, new_cache

@@ -217,3 +217,45 @@ def test_implicit_masks_hide_source_padding_inside_fit_and_predict():
         np.testing.assert_allclose(actual, expected, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(model.predict(padded, verbose=0), model.predict(batch, verbose=0),
                                rtol=1e-5, atol=1e-5)
+
+
+@NORMS
+def test_step_function_with_beams_attends_the_untiled_memory_like_the_tiled_cache(norm_first):
+    """`step_function` keeps the memory at B rows and attends a sentence's K beam rows to it
+    together; the logits equal `next_logits` on a cache whose memory is tiled to B * K rows."""
+    import tensorflow as tf
+
+    beams = 3
+    model = build_transformer(**TINY, norm_first=norm_first)
+    parts = TransformerParts(model)
+    memory, memory_mask = parts.encode(_batch()["encoder_tokens"])
+    next_logits, cache = parts.step_function(memory, memory_mask, max_length=6)
+    tiled = tf.nest.map_structure(
+        lambda t: tf.repeat(t, beams, axis=0),
+        parts.initial_cache(memory, memory_mask, max_length=6),
+    )
+    cache = tf.nest.map_structure(lambda t: tf.repeat(t, beams, axis=0), cache)
+    tokens = np.array([[1], [1], [1], [1], [1], [1]], "int32")
+    for index, step_tokens in enumerate(([[11], [12], [13], [14], [15], [16]], [[7], [8], [9],
+                                                                              [7], [8], [9]])):
+        logits, cache = next_logits(tokens, cache, index)
+        expected, tiled = parts.next_logits(tokens, tiled, index)
+        np.testing.assert_allclose(_np(logits), _np(expected), rtol=1e-5, atol=1e-5)
+        assert cache["self"][0][0].shape == (2 * beams, 2, index + 1, 8)  # grows by one
+        tokens = np.array(step_tokens, "int32")
+
+
+def test_fixed_length_cache_gives_the_growing_cache_logits():
+    """The fixed-size cache (for XLA) masks unwritten positions: same logits as growing."""
+    model = build_transformer(**TINY)
+    parts = TransformerParts(model)
+    memory, memory_mask = parts.encode(_batch()["encoder_tokens"])
+    growing_step, growing = parts.step_function(memory, memory_mask, max_length=6)
+    fixed_step, fixed = parts.step_function(memory, memory_mask, max_length=6, fixed_length=True)
+    assert fixed["self"][0][0].shape == (2, 2, 6, 8)
+    for index in range(4):
+        tokens = _batch()["decoder_tokens"][:, index:index + 1]
+        expected, growing = growing_step(tokens, growing, index)
+        logits, fixed = fixed_step(tokens, fixed, index)
+        np.testing.assert_allclose(_np(logits), _np(expected), rtol=1e-5, atol=1e-5)
+    assert fixed["self"][0][0].shape == (2, 2, 6, 8)

@@ -220,10 +220,17 @@ def write_column(buffer, step, values):
 
 
 def relaxed_batch_shapes(nest):
-    """`tf.TensorShape` invariants with the leading (batch) axis unknown."""
-    return tf.nest.map_structure(
-        lambda t: tf.TensorShape([None]).concatenate(t.shape[1:]), nest
-    )
+    """`tf.TensorShape` invariants with the leading (batch) axis unknown.
+
+    An axis that starts empty (size 0) is unknown as well: such a tensor grows along it
+    from step to step (a key/value cache extended by concatenation).
+    """
+
+    def relaxed(tensor):
+        dims = [None if size == 0 else size for size in tensor.shape.as_list()[1:]]
+        return tf.TensorShape([None] + dims)
+
+    return tf.nest.map_structure(relaxed, nest)
 
 
 def to_tensors(nest):

@@ -47,6 +47,12 @@ class DecodingConfig:
     top_p: float = 1.0
     # Never produce the UNK piece (CTranslate2's `disable_unk`): it detokenizes to " ⁇ ".
     disable_unk: bool = True
+    # Compile the encoder and the search loop with XLA (`jit_compile=True`): fewer, fused
+    # kernels per step, a fixed-size decoder cache. The export then needs a server with XLA
+    # CPU compilation enabled (TF Serving: `--xla_cpu_compilation_enabled=true`), and each
+    # new (batch size, source width) pair compiles once. Off by default: stock servers run
+    # without that flag.
+    jit_compile: bool = False
 
     def __post_init__(self):
         if self.search not in SEARCHES:
@@ -175,6 +181,16 @@ class Translator(tf.Module):
         # autograph=False: the searches are explicit `tf.while_loop`s and the layers branch
         # only on Python values, so nothing needs converting; it also keeps tracing from
         # re-reading source files (a process whose sources changed on disk still traces).
+        self._compiled_searches = {
+            search: tf.function(
+                lambda source_ids, max_lengths, search=search: self._search(
+                    source_ids, tf.shape(source_ids)[0], max_lengths, search
+                ),
+                jit_compile=True,
+                autograph=False,
+            )
+            for search in ("greedy", "beam")
+        } if self.config.jit_compile else {}
         self.translate = tf.function(
             lambda text: self._translate(text, self.config.search),
             input_signature=[TEXT_SPEC],
@@ -211,7 +227,11 @@ class Translator(tf.Module):
         width = tf.maximum(tf.reduce_max(tf.concat([source_lengths, [1]], 0)), 1)
         source_ids = source.to_tensor(PAD_ID, shape=[batch_size, width])  # (B, S)
         max_lengths = tf.minimum(source_lengths + config.extra_length, config.max_output_length)
-        result = self._search(source_ids, batch_size, max_lengths, search, seeds)
+        if config.jit_compile and search in ("greedy", "beam"):
+            # The tokenizers are not XLA ops: only the encoder and the search are compiled.
+            result = self._compiled_searches[search](source_ids, max_lengths)
+        else:
+            result = self._search(source_ids, batch_size, max_lengths, search, seeds)
         return {
             "translation": self.target_tokenizer.detokenize(result.tokens),
             "score": tf.cast(result.scores, tf.float32),
@@ -236,15 +256,18 @@ class Translator(tf.Module):
                 (memory, memory_mask),
                 **common,
             )
-        cache = parts.initial_cache(memory, memory_mask, config.max_output_length)
+        # The memory part of the cache stays outside the search's cache (not tiled to beams).
+        next_logits, cache = parts.step_function(
+            memory, memory_mask, config.max_output_length, fixed_length=config.jit_compile
+        )
         if search == "greedy":
-            return decoding.greedy_search(parts.next_logits, cache, **common)
+            return decoding.greedy_search(next_logits, cache, **common)
         if search == "beam":
             return decoding.beam_search(
-                parts.next_logits, cache, beam_size=config.beam_size, alpha=config.alpha, **common
+                next_logits, cache, beam_size=config.beam_size, alpha=config.alpha, **common
             )
         return decoding.sample(
-            parts.next_logits,
+            next_logits,
             cache,
             temperature=config.temperature,
             top_k=config.top_k,

@@ -24,3 +24,11 @@ def test_tile_then_gather_beams_moves_whole_rows_of_every_tensor():
 
 def test_search_result_fields():
     assert SearchResult._fields == ("tokens", "scores", "lengths", "normalized_scores")
+
+
+def test_relaxed_batch_shapes_let_an_empty_axis_grow():
+    from keras_transformer.decoding.utils import relaxed_batch_shapes
+
+    shapes = relaxed_batch_shapes({"fixed": tf.zeros([2, 5, 3]), "growing": tf.zeros([2, 4, 0, 3])})
+    assert shapes["fixed"].as_list() == [None, 5, 3]
+    assert shapes["growing"].as_list() == [None, 4, None, 3]

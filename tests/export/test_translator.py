@@ -104,6 +104,20 @@ def test_batch_equals_one_at_a_time(copy_task, search):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("search", ["greedy", "beam"])
+def test_xla_compiled_search_equals_the_default(copy_task, search):
+    """`jit_compile=True` (XLA, fixed-size cache) translates exactly as the default export."""
+    sentences = copy_task.held_out[:8] + ["", "ka", "bal dor fen gim hut sel tam vin"]
+    text, score, length = outputs(copy_task.translator(search=search, beam_size=3), sentences)
+    text_jit, score_jit, length_jit = outputs(
+        copy_task.translator(search=search, beam_size=3, jit_compile=True), sentences
+    )
+    assert text_jit == text
+    np.testing.assert_array_equal(length_jit, length)
+    np.testing.assert_allclose(score_jit, score, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("search", ["greedy", "beam", "greedy_uncached", "sample"])
 def test_random_model_that_never_ends_stops_at_the_bound(copy_task, random_model, search):
     """END is impossible, so every output runs to min(source + extra, max_output_length)."""
