@@ -95,7 +95,8 @@ def compile_model(model, config):
     """Compiles with the masked label-smoothed loss, masked accuracy and the warm-up Adam."""
     model.compile(
         optimizer=make_optimizer(
-            config.d_model, config.warmup_steps, scale=config.lr_scale, clipnorm=config.clipnorm
+            config.d_model, config.warmup_steps, scale=config.lr_scale,
+            clipnorm=config.clipnorm, global_clipnorm=config.global_clipnorm,
         ),
         loss=MaskedSparseCategoricalCrossentropy(label_smoothing=config.label_smoothing),
         metrics=[MaskedAccuracy()],
