@@ -53,6 +53,8 @@ class TrainingRun:
     output_dir: pathlib.Path
     history: dict
     train_seconds: float
+    # Epochs this call trained (0: the run was already finished).
+    epochs_trained: int = 0
 
 
 def _pairs(dataset, source_lang, target_lang, limit=None):
@@ -429,6 +431,7 @@ def train(
         output_dir=output_dir,
         history=run_history.history,
         train_seconds=run_history.train_seconds,
+        epochs_trained=config.epochs - initial_epoch,
     )
 
 
