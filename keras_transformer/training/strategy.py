@@ -169,6 +169,39 @@ def shard_by_data(dataset):
     return dataset.with_options(options)
 
 
+def _fix_keras_multi_worker_logs():
+    """Makes Keras 3's `fit` log scalar metrics under `MultiWorkerMirroredStrategy`.
+
+    Keras (3.15) reduces every per-replica output of a train or test step with
+    `strategy.reduce("MEAN", value, axis=0)` when the strategy is multi-worker; the logs are
+    scalars, which have no axis 0, so the first step fails ("Invalid reduction dimension 0
+    for input with 0 dimensions"). This wraps Keras' `reduce_per_replica` to reduce scalars
+    with `axis=None` (the mean over replicas) and leaves everything else to Keras. Applied
+    once, when the strategy is created.
+    """
+    from keras.src.backend.tensorflow import trainer as keras_tf_trainer
+
+    original = keras_tf_trainer.reduce_per_replica
+    if getattr(original, "_keras_transformer_fix", False):
+        return
+
+    def reduce_per_replica(values, strategy, reduction="auto"):
+        if reduction == "auto" and keras_tf_trainer._collective_all_reduce_multi_worker(strategy):
+
+            def reduce(value):
+                if isinstance(value, (tf.distribute.DistributedValues, tf.Tensor)) and (
+                    value.shape.rank == 0
+                ):
+                    return strategy.reduce("MEAN", value, axis=None)
+                return original(value, strategy, reduction)
+
+            return tf.nest.map_structure(reduce, values)
+        return original(values, strategy, reduction)
+
+    reduce_per_replica._keras_transformer_fix = True
+    keras_tf_trainer.reduce_per_replica = reduce_per_replica
+
+
 def select_strategy(name="auto", devices=None):
     """Returns the `tf.distribute.Strategy` named `name`, and logs which one it is.
 
@@ -244,6 +277,7 @@ def select_strategy(name="auto", devices=None):
                 implementation=implementation
             )
         )
+        _fix_keras_multi_worker_logs()
     else:
         if devices is None:
             devices = [d.name for d in tf.config.list_logical_devices("GPU")] or [

@@ -375,6 +375,7 @@ def train(
 
     with strategy.scope():
         model = compile_model(build_model(config, source_tokenizer, target_tokenizer), config)
+        _build_from_spec(model, train_ds.element_spec)
         if continue_from is not None:
             model.optimizer.build(model.trainable_variables)
             model.load_weights(continue_from)  # the weights and the optimizer state
@@ -433,6 +434,22 @@ def train(
         train_seconds=run_history.train_seconds,
         epochs_trained=config.epochs - initial_epoch,
     )
+
+
+def _build_from_spec(model, element_spec):
+    """Builds the model's, loss', metrics' and optimizer's state from the data's spec.
+
+    Under a `tf.distribute` strategy Keras 3's `fit` first *reduces* the first input batch
+    across replicas (a `MEAN` of token ids) only to learn its shapes, then builds the same
+    state symbolically; `MultiWorkerMirroredStrategy`'s collective reduce cannot reduce a
+    nested batch such as `({"encoder_tokens", "decoder_tokens"}, labels)` and fails. The
+    shapes are known from the dataset's `element_spec`, so the state is built from it here
+    (inside `strategy.scope()`, as Keras does) and `fit`'s own attempt is skipped.
+    """
+    if getattr(model, "_distribute_strategy", None) is None:
+        return  # outside any strategy Keras builds while tracing; nothing to work around
+    model._symbolic_build(data_batch=element_spec)
+    model._maybe_symbolic_build = lambda iterator=None, data_batch=None: None
 
 
 def _load_finished_run(config, output_dir, model_path, record):
