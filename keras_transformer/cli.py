@@ -115,7 +115,8 @@ def cmd_train(args):
     from keras_transformer.training.trainer import ConfigMismatchError, check_resumable, train
 
     try:
-        check_resumable(config, output)
+        if not worker_index:  # another worker checks its own directory inside `train`
+            check_resumable(config, output)
     except ConfigMismatchError as error:
         raise SystemExit(str(error))
 

@@ -349,7 +349,10 @@ def train(
         keras.config.set_dtype_policy(config.precision)
     replicas = strategy.num_replicas_in_sync
     if chief:
-        (output_dir / "config.json").write_text(json.dumps(config.to_dict(), indent=2))
+        # Atomically: other workers may read it (a shared filesystem) at this moment.
+        temporary = output_dir / "config.json.tmp"
+        temporary.write_text(json.dumps(config.to_dict(), indent=2))
+        temporary.replace(output_dir / "config.json")
 
     splits = {
         split: load_multi30k(split, data_dir=data_dir, local_dir=local_dir)
