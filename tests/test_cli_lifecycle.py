@@ -57,7 +57,8 @@ def test_resuming_with_another_config_is_refused(tmp_path):
 def test_worker_flags_set_tf_config(monkeypatch, tmp_path):
     from keras_transformer.cli import _set_worker_tf_config
 
-    monkeypatch.delenv("TF_CONFIG", raising=False)
+    # Set (not only deleted) so that monkeypatch removes what the call writes afterwards.
+    monkeypatch.setenv("TF_CONFIG", "")
     args = build_parser().parse_args(
         _train_args(tmp_path, "--worker-index", "1", "--workers", "a:1,b:2"))
     assert _set_worker_tf_config(args) == 1
