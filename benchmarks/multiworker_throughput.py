@@ -44,7 +44,7 @@ def worker(args):
 
     from keras_transformer.model import build_transformer
     from keras_transformer.training import get_preset
-    from keras_transformer.training.trainer import compile_model
+    from keras_transformer.training.trainer import build_from_spec, compile_model
 
     config = get_preset(args.preset)
     keras.utils.set_random_seed(config.seed)
@@ -66,6 +66,7 @@ def worker(args):
             num_decoder_layers=config.num_decoder_layers, dropout=config.dropout,
             max_length=max(config.max_length, args.length))
         compile_model(model, config)
+        build_from_spec(model, dataset.element_spec)
     model.fit(dataset, epochs=1, steps_per_epoch=args.warmup, verbose=0)
     started = time.time()
     model.fit(dataset, epochs=1, steps_per_epoch=args.steps, verbose=0)
@@ -132,11 +133,11 @@ def main():
     print("|---|---|---|---|---|")
     for result in results:
         print(f"| {result['workers']} | {result['tokens_per_second']:,.0f} | "
-              f"{result['step_seconds'] * 1000:.0f} ms | {result['gradient_bytes'] / 1e6:.1f} MB"
-              f" | {result['ring_bytes_per_worker'] / 1e6:.1f} MB |")
+              f"{result['step_seconds'] * 1000:.0f} ms | {result['gradient_bytes'] / 1e6:.3f} MB"
+              f" | {result['ring_bytes_per_worker'] / 1e6:.3f} MB |")
     speedup = results[1]["tokens_per_second"] / results[0]["tokens_per_second"]
     print(f"Two workers: {speedup:.2f}x the tokens/s of one. On real machines a step must also "
-          f"carry {results[1]['ring_bytes_per_worker'] / 1e6:.1f} MB per worker over the "
+          f"carry {results[1]['ring_bytes_per_worker'] / 1e6:.3f} MB per worker over the "
           "network: at 10 Gbit/s (1.25 GB/s) that is "
           f"{results[1]['ring_bytes_per_worker'] / 1.25e9 * 1000:.1f} ms per step.")
 

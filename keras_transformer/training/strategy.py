@@ -64,8 +64,8 @@ def make_tf_config(workers, index):
 
     Example:
 
-    >>> make_tf_config(["10.0.0.1:2222", "10.0.0.2:2222"], 1)
-    '{"cluster": {"worker": ["10.0.0.1:2222", "10.0.0.2:2222"]}, "task": {"type": "worker", "index": 1}}'
+    >>> make_tf_config(["h0:2222", "h1:2222"], 1)
+    '{"cluster": {"worker": ["h0:2222", "h1:2222"]}, "task": {"type": "worker", "index": 1}}'
     """
     workers = list(workers)
     if not workers:

@@ -378,7 +378,7 @@ def train(
 
     with strategy.scope():
         model = compile_model(build_model(config, source_tokenizer, target_tokenizer), config)
-        _build_from_spec(model, train_ds.element_spec)
+        build_from_spec(model, train_ds.element_spec)
         if continue_from is not None:
             model.optimizer.build(model.trainable_variables)
             model.load_weights(continue_from)  # the weights and the optimizer state
@@ -439,7 +439,7 @@ def train(
     )
 
 
-def _build_from_spec(model, element_spec):
+def build_from_spec(model, element_spec):
     """Builds the model's, loss', metrics' and optimizer's state from the data's spec.
 
     Under a `tf.distribute` strategy Keras 3's `fit` first *reduces* the first input batch
@@ -488,7 +488,7 @@ def training_tokens_per_second(model, dataset, steps=20, warmup_steps=3):
     return tokens / (time.time() - started)
 
 
-__all__ = ["ConfigMismatchError", "RESUMABLE_FIELDS", "TrainingRun", "build_model",
-           "check_resumable", "compile_model", "epoch_seed", "is_run_directory",
+__all__ = ["ConfigMismatchError", "RESUMABLE_FIELDS", "TrainingRun", "build_from_spec",
+           "build_model", "check_resumable", "compile_model", "epoch_seed", "is_run_directory",
            "make_datasets", "make_epoch_train_dataset", "prepare_tokenizers", "train",
            "training_tokens_per_second"]
