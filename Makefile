@@ -6,6 +6,9 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 RUN_DIR ?= runs/quick
+PRESET ?= quick
+TRAIN_ARGS ?=
+EVAL_ARGS ?=
 PYTEST_ARGS ?=
 
 .PHONY: install run test test-fast notebooks benchmarks clean
@@ -19,10 +22,23 @@ $(STAMP): setup.py
 	touch $(STAMP)
 
 # Train the `quick` preset on Multi30K En->De, then print translations and test_2016 BLEU.
+# Run it again and it picks up where it stopped: an interrupted training resumes from its
+# last epoch, a finished run is reused (its export and evaluation too, printed again in
+# seconds). `make run FRESH=1` deletes the run and starts over.
+# PRESET, TRAIN_ARGS and EVAL_ARGS change the recipe (e.g. the tests' tiny runs).
 run: $(STAMP)
-	$(PY) -m keras_transformer train --preset quick --output $(RUN_DIR) --overwrite
-	$(PY) -m keras_transformer export --model $(RUN_DIR) --out $(RUN_DIR)/export
-	$(PY) -m keras_transformer evaluate --export $(RUN_DIR)/export --split test --show 5
+	$(PY) -m keras_transformer train --preset $(PRESET) --output $(RUN_DIR) $(if $(FRESH),--overwrite) $(TRAIN_ARGS)
+	@if [ ! -d $(RUN_DIR)/export ] || [ $(RUN_DIR)/model.keras -nt $(RUN_DIR)/export ]; then \
+		rm -rf $(RUN_DIR)/export $(RUN_DIR)/evaluation.txt && \
+		echo "$(PY) -m keras_transformer export --model $(RUN_DIR) --out $(RUN_DIR)/export" && \
+		$(PY) -m keras_transformer export --model $(RUN_DIR) --out $(RUN_DIR)/export; \
+	else echo "Reusing the export in $(RUN_DIR)/export"; fi
+	@if [ ! -f $(RUN_DIR)/evaluation.txt ]; then \
+		echo "$(PY) -m keras_transformer evaluate --export $(RUN_DIR)/export --split test --show 5 $(EVAL_ARGS)" && \
+		$(PY) -m keras_transformer evaluate --export $(RUN_DIR)/export --split test --show 5 $(EVAL_ARGS) \
+			> $(RUN_DIR)/evaluation.tmp && mv $(RUN_DIR)/evaluation.tmp $(RUN_DIR)/evaluation.txt; \
+	else echo "Reusing the evaluation of $(RUN_DIR)/export:"; fi
+	@cat $(RUN_DIR)/evaluation.txt
 
 # The whole suite, slow tests and notebooks included (CI runs this).
 test: $(STAMP)

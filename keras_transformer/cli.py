@@ -1,4 +1,4 @@
-"""Command line: `keras-transformer train | export | translate | evaluate`.
+"""Command line: `keras-transformer train | export | translate | evaluate | average | launch`.
 
 Also `python -m keras_transformer ...`. Each subcommand prints `--help`.
 """
@@ -61,16 +61,65 @@ def _load_config(args):
     return config.replace(**overrides) if overrides else config
 
 
+def _set_worker_tf_config(args):
+    """`--worker-index i --workers h:p,...` -> `TF_CONFIG` (before TensorFlow starts)."""
+    if (args.worker_index is None) != (args.workers is None):
+        raise SystemExit("--worker-index and --workers go together.")
+    if args.workers is None:
+        return None
+    from keras_transformer.training.strategy import make_tf_config
+
+    try:
+        os.environ["TF_CONFIG"] = make_tf_config(args.workers.split(","), args.worker_index)
+    except ValueError as error:
+        raise SystemExit(str(error))
+    return args.worker_index
+
+
+def _overwrite(output, worker_index):
+    """Deletes a previous run for `--overwrite`, refusing anything that is not a run.
+
+    Worker 0 (the chief) deletes the run directory's contents but the other workers'
+    private directories, which each worker deletes itself: workers start at the same
+    time, and the chief must not delete what another has begun to write.
+    """
+    from keras_transformer.training.strategy import WORKER_TEMP_PREFIX
+    from keras_transformer.training.trainer import is_run_directory
+
+    if worker_index:
+        shutil.rmtree(output / f"{WORKER_TEMP_PREFIX}{worker_index}", ignore_errors=True)
+        return
+    if not output.exists():
+        return
+    if not output.is_dir() or (any(output.iterdir()) and not is_run_directory(output)):
+        raise SystemExit(
+            f"Refusing to delete {output}: it is not a run directory (no config.json and "
+            "checkpoints from `keras-transformer train`). Choose another --output."
+        )
+    for entry in output.iterdir():
+        if entry.name.startswith(WORKER_TEMP_PREFIX):
+            continue
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry)
+        else:
+            entry.unlink()
+
+
 def cmd_train(args):
+    worker_index = _set_worker_tf_config(args)
     config = _load_config(args)
     output = pathlib.Path(args.output)
-    if output.exists() and args.overwrite:
-        shutil.rmtree(output)
-    elif (output / "model.keras").exists():
-        raise SystemExit(f"{output} holds a finished run; pass --overwrite to train again.")
+    if args.overwrite:
+        _overwrite(output, worker_index)
     elif (output / "backup").exists():
         print(f"Resuming the interrupted run in {output}", flush=True)
-    from keras_transformer.training.trainer import train
+    from keras_transformer.training.trainer import ConfigMismatchError, check_resumable, train
+
+    try:
+        if not worker_index:  # another worker checks its own directory inside `train`
+            check_resumable(config, output)
+    except ConfigMismatchError as error:
+        raise SystemExit(str(error))
 
     search = "beam" if config.beam_size > 1 else "greedy"
     run = train(
@@ -82,8 +131,36 @@ def cmd_train(args):
         make_translate_fn=_make_translate_fn(search, config.beam_size, config.length_penalty,
                                              config.max_length + 16),
     )
+    if not run.epochs_trained:
+        print(f"Reusing the finished run in {output} (make run FRESH=1 or --overwrite starts "
+              "over)", flush=True)
+        return
     print(f"Trained {config.epochs} epoch(s) in {run.train_seconds / 60:.1f} min; run directory "
           f"{output} (model.keras, checkpoints/, tokenizer/, logs/)", flush=True)
+
+
+def cmd_average(args):
+    from keras_transformer.training.averaging import average_run
+
+    try:
+        path, used = average_run(args.model, last=args.last, output=args.out)
+    except (FileNotFoundError, ValueError) as error:
+        raise SystemExit(str(error))
+    names = ", ".join(pathlib.Path(p).name for p in used)
+    print(f"Averaged {len(used)} checkpoint(s) ({names}) -> {path}; export it with "
+          f"`keras-transformer export --model {args.model} --checkpoint averaged`", flush=True)
+
+
+def cmd_launch(args):
+    from keras_transformer.training.launcher import launch_local_workers
+
+    train_args = args.train_args[1:] if args.train_args[:1] == ["--"] else args.train_args
+    code = launch_local_workers(
+        train_args, args.local_workers, threads_per_worker=args.threads_per_worker,
+        log_dir=args.log_dir, timeout=args.timeout,
+    )
+    if code:
+        raise SystemExit(f"A worker failed with exit code {code}; the others were stopped.")
 
 
 def cmd_export(args):
@@ -257,13 +334,41 @@ def build_parser():
     train.add_argument("--mixed-precision", choices=sorted(PRECISIONS))
     train.add_argument("--strategy", default="auto",
                        choices=["auto", "default", "mirrored", "multi_worker"])
+    train.add_argument("--workers", metavar="HOST:PORT,...",
+                       help="every worker of a multi-worker cluster, the same list on each "
+                       "machine (sets TF_CONFIG; worker 0 is the chief and writes --output)")
+    train.add_argument("--worker-index", type=int, metavar="I",
+                       help="this machine's position in --workers")
     train.set_defaults(func=cmd_train)
+
+    average = sub.add_parser(
+        "average", help="average a run's last N epoch checkpoints (train with "
+        "--set keep_checkpoints=N) into checkpoints/averaged.keras")
+    average.add_argument("--model", required=True, help="run directory from `train`")
+    average.add_argument("--last", type=int, default=5, help="checkpoints to average "
+                         "(default 5, as the paper)")
+    average.add_argument("--out", help="output .keras file (default "
+                         "RUN/checkpoints/averaged.keras, what --checkpoint averaged exports)")
+    average.set_defaults(func=cmd_average)
+
+    launch = sub.add_parser(
+        "launch", help="try multi-worker training on this machine: start N `train` workers "
+        "on loopback (usage: launch --local-workers 2 -- train --preset tiny --output DIR)")
+    launch.add_argument("--local-workers", type=int, required=True, metavar="N")
+    launch.add_argument("--threads-per-worker", type=int, metavar="T",
+                        help="TensorFlow threads of each worker (e.g. 1: one core each)")
+    launch.add_argument("--log-dir", help="where workers 1.. log (default: a temp dir)")
+    launch.add_argument("--timeout", type=float, help="stop all workers after this many s")
+    launch.add_argument("train_args", nargs=argparse.REMAINDER,
+                        help="-- train ARGS... (the command every worker runs)")
+    launch.set_defaults(func=cmd_launch)
 
     export = sub.add_parser("export", help="write a versioned SavedModel for TF Serving")
     export.add_argument("--model", required=True, help="run directory from `train`")
     export.add_argument("--out", required=True, help="model base directory (gets <version>/)")
     export.add_argument("--version", type=int, help="default: the next free integer")
-    export.add_argument("--checkpoint", default="best", choices=["best", "final", "last"])
+    export.add_argument("--checkpoint", default="best",
+                        choices=["best", "final", "last", "averaged"])
     export.add_argument("--search", default="beam", choices=SEARCHES)
     export.add_argument("--beam-size", type=int, default=4)
     export.add_argument("--alpha", type=float, default=0.6)

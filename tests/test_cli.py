@@ -30,12 +30,11 @@ def test_train_export_evaluate_translate_tiny_run(tmp_path):
     assert json.loads((run / "config.json").read_text())["epochs"] == 2
     assert len(json.loads((run / "history.json").read_text())["history"]["loss"]) == 2
 
-    # A finished run is not silently overwritten.
-    refused = subprocess.run(
-        [sys.executable, "-m", "keras_transformer", "train", "--preset", "tiny", "--output",
-         str(run)], capture_output=True, text=True, timeout=600,
-    )
-    assert refused.returncode != 0 and "--overwrite" in refused.stderr
+    # A finished run is reused, not silently overwritten (see tests/test_cli_lifecycle.py).
+    modified = (run / "model.keras").stat().st_mtime_ns
+    out = _cli("train", "--preset", "tiny", "--output", str(run), "--set", "epochs=2")
+    assert "Reusing the finished run" in out
+    assert (run / "model.keras").stat().st_mtime_ns == modified
 
     export = tmp_path / "export"
     out = _cli("export", "--model", str(run), "--out", str(export), "--search", "greedy",

@@ -4,8 +4,10 @@ A run directory (written by `keras-transformer train`) holds:
 - `config.json`: the `TrainingConfig` of the run, as a dict;
 - `tokenizer/`: `tokenizer.model` (shared vocabulary) or `source.model` and `target.model`;
 - `model.keras`: the final model; `checkpoints/best.keras`: the best by validation BLEU;
-- `checkpoints/last.keras`, `logs/` (TensorBoard), `backup/` (BackupAndRestore),
-  `history.json` and `results.json` (figures measured at the end of the run).
+- `checkpoints/last.keras`, `logs/` (TensorBoard), `backup/` (BackupAndRestore, while
+  training), `history.json` (every epoch's logs and time);
+- `checkpoints/epoch-NNN.weights.npz` (with `keep_checkpoints`) and
+  `checkpoints/averaged.keras` (their mean, written by `keras-transformer average`).
 """
 
 import json
@@ -15,7 +17,7 @@ import keras
 
 from keras_transformer.text import load_tokenizers
 
-CHECKPOINTS = ("best", "final", "last")
+CHECKPOINTS = ("best", "final", "last", "averaged")
 
 
 def model_path(run_dir, checkpoint="best"):
@@ -27,13 +29,18 @@ def model_path(run_dir, checkpoint="best"):
         "best": [run_dir / "checkpoints" / "best.keras", run_dir / "model.keras"],
         "final": [run_dir / "model.keras"],
         "last": [run_dir / "checkpoints" / "last.keras"],
+        "averaged": [run_dir / "checkpoints" / "averaged.keras"],
     }[checkpoint]
     for path in candidates:
         if path.is_file():
             return path
+    hint = (
+        "write it with `keras-transformer average --model RUN --last N`"
+        if checkpoint == "averaged" else "train one with `keras-transformer train`"
+    )
     raise FileNotFoundError(
         f"No {checkpoint} model in {run_dir} (looked for "
-        f"{', '.join(str(p) for p in candidates)}); train one with `keras-transformer train`."
+        f"{', '.join(str(p) for p in candidates)}); {hint}."
     )
 
 

@@ -1,11 +1,15 @@
 """Callbacks of a training run: TensorBoard, checkpoints, fault tolerance, validation BLEU."""
 
+import glob
 import importlib.util
 import json
 import logging
 import os
+import re
+import time
 
 import keras
+import numpy as np
 import sacrebleu
 
 logger = logging.getLogger(__name__)
@@ -13,6 +17,9 @@ logger = logging.getLogger(__name__)
 # Extensions `BleuCallback` knows how to save the best model to.
 _MODEL_SUFFIX = ".keras"
 _WEIGHTS_SUFFIX = ".weights.h5"
+# `EpochCheckpoints` file names: `epoch-007.weights.npz` holds the weights after epoch 7.
+EPOCH_CHECKPOINT_PATTERN = "epoch-{epoch:03d}.weights.npz"
+_EPOCH_CHECKPOINT_RE = re.compile(r"epoch-(\d+)\.weights\.npz$")
 
 
 class BleuCallback(keras.callbacks.Callback):
@@ -42,7 +49,9 @@ class BleuCallback(keras.callbacks.Callback):
             Defaults to `None`.
         batch_size: int or `None`, translate this many sentences per call of
             `translate_fn`; `None` passes all at once. Defaults to `None`.
-        verbose: int, `1` logs each score. Defaults to `1`.
+        verbose: int, `1` shows a progress bar over the sentences while translating
+            and prints each score with the best so far and the time it took (decoding
+            hundreds of sentences can take minutes); `0` is silent. Defaults to `1`.
 
     Example:
 
@@ -100,9 +109,17 @@ class BleuCallback(keras.callbacks.Callback):
     def compute_bleu(self):
         """Translates the validation sample and returns its corpus BLEU (0-100)."""
         step = self.batch_size or max(len(self.sources), 1)
+        progress = (
+            keras.utils.Progbar(len(self.sources), unit_name="sentence")
+            if self.verbose else None
+        )
+        if progress is not None:
+            print(f"Validation BLEU: translating {len(self.sources)} sentences", flush=True)
         hypotheses = []
         for start in range(0, len(self.sources), step):
             hypotheses.extend(self.translate_fn(self.sources[start : start + step]))
+            if progress is not None:
+                progress.update(min(start + step, len(self.sources)))
         if len(hypotheses) != len(self.sources):
             raise ValueError(
                 f"`translate_fn` returned {len(hypotheses)} translations for "
@@ -113,12 +130,15 @@ class BleuCallback(keras.callbacks.Callback):
     def on_epoch_end(self, epoch, logs=None):
         if (epoch + 1) % self.every_n_epochs != 0:
             return
+        started = time.time()
         bleu = self.compute_bleu()
         if logs is not None:
             logs["val_bleu"] = bleu
         improved = self.best_bleu is None or bleu > self.best_bleu
         if self.verbose:
-            logger.info("Epoch %d: val_bleu = %.2f (best %s).", epoch + 1, bleu, self.best_bleu)
+            best = "new best" if improved else f"best {self.best_bleu:.2f}"
+            print(f"Epoch {epoch + 1}: val_bleu = {bleu:.2f} ({best}) on "
+                  f"{len(self.sources)} sentences in {time.time() - started:.1f}s", flush=True)
         if not improved:
             return
         self.best_bleu = bleu
@@ -133,6 +153,141 @@ class BleuCallback(keras.callbacks.Callback):
             json.dump({"val_bleu": bleu, "epoch": epoch + 1}, f)
 
 
+class RunHistory(keras.callbacks.Callback):
+    """Keeps the whole run's history and training time in `history.json`, epoch by epoch.
+
+    `model.fit`'s own `History` covers one call only: a run resumed by `BackupAndRestore`
+    or continued to more epochs would lose the epochs of earlier processes. This callback
+    starts from the earlier epochs' records (`initial`, as read by `read_run_history`),
+    appends every epoch's logs and wall time, and rewrites the file after every epoch.
+    Place it just before `BackupAndRestore`: a process killed between the two leaves one
+    epoch more here than in the backup, which the trainer drops when it resumes.
+
+    The file holds `{"history": {name: [value per epoch]}, "epoch_seconds": [...],
+    "train_seconds": sum of epoch_seconds, "epochs": number of epochs}`.
+
+    Args:
+        path: string, the JSON file (e.g. `<run>/history.json`).
+        initial: dict or `None`, the record of the epochs already trained (see
+            `read_run_history`). Defaults to `None` (a new run).
+
+    Example:
+
+    >>> record = RunHistory("runs/quick/history.json")
+    >>> model.fit(train_ds, epochs=10, callbacks=[record])
+    """
+
+    def __init__(self, path, initial=None):
+        super().__init__()
+        self.path = str(path)
+        initial = initial or {}
+        self.history = {k: list(v) for k, v in initial.get("history", {}).items()}
+        self.epoch_seconds = list(initial.get("epoch_seconds", []))
+        self._epoch_started = None
+
+    @property
+    def train_seconds(self):
+        """float, the training time of all epochs so far, over every process of the run."""
+        return float(sum(self.epoch_seconds))
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._epoch_started = time.time()
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.epoch_seconds.append(time.time() - self._epoch_started)
+        epochs = len(self.epoch_seconds)
+        for key, value in (logs or {}).items():
+            # A metric first logged in a later epoch (val_bleu every n epochs) is padded
+            # with None, so every list is indexed by epoch.
+            values = self.history.setdefault(key, [None] * (epochs - 1))
+            values.extend([None] * (epochs - 1 - len(values)))
+            values.append(float(value))
+        for values in self.history.values():
+            values.extend([None] * (epochs - len(values)))
+        os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
+        temporary = self.path + ".tmp"
+        with open(temporary, "w", encoding="utf-8") as f:
+            json.dump(self.record(), f, indent=2)
+        os.replace(temporary, self.path)  # never a half-written file after a kill
+
+    def record(self):
+        """The dict written to the file."""
+        return {
+            "history": self.history,
+            "epoch_seconds": self.epoch_seconds,
+            "train_seconds": self.train_seconds,
+            "epochs": len(self.epoch_seconds),
+        }
+
+
+def read_run_history(path, epochs=None):
+    """Reads a `RunHistory` file, keeping only the first `epochs` epochs.
+
+    Args:
+        path: path-like, the JSON file.
+        epochs: int or `None`, the epochs the resumed state covers; later ones (written
+            just before a kill that the backup did not see) are dropped. `None` keeps all.
+
+    Returns:
+        The record dict, empty lists when the file does not exist.
+    """
+    if not os.path.exists(path):
+        return {"history": {}, "epoch_seconds": [], "train_seconds": 0.0, "epochs": 0}
+    with open(path, encoding="utf-8") as f:
+        record = json.load(f)
+    record.setdefault("epoch_seconds", [])
+    if epochs is not None:
+        record["history"] = {k: v[:epochs] for k, v in record.get("history", {}).items()}
+        record["epoch_seconds"] = record["epoch_seconds"][:epochs]
+    record["epochs"] = len(record["epoch_seconds"])
+    record["train_seconds"] = float(sum(record["epoch_seconds"]))
+    return record
+
+
+class EpochCheckpoints(keras.callbacks.Callback):
+    """Saves the model's weights after every epoch and keeps the last `keep` of them.
+
+    The files (`epoch-NNN.weights.npz`, the arrays of `model.get_weights()` in order,
+    without optimizer state) are what checkpoint averaging reads (`average_checkpoints`,
+    `keras-transformer average`): Vaswani et al. (2017) average the last 5 checkpoints of
+    their base models.
+
+    Args:
+        directory: string, where the files go (e.g. `<run>/checkpoints`).
+        keep: int, how many of the latest epochs to keep (older files are deleted).
+
+    Example:
+
+    >>> model.fit(train_ds, epochs=10, callbacks=[EpochCheckpoints("run/checkpoints", 5)])
+    """
+
+    def __init__(self, directory, keep):
+        super().__init__()
+        if keep < 1:
+            raise ValueError(f"`keep` must be >= 1. Received: keep={keep}")
+        self.directory = str(directory)
+        self.keep = keep
+
+    def on_epoch_end(self, epoch, logs=None):
+        os.makedirs(self.directory, exist_ok=True)
+        path = os.path.join(self.directory, EPOCH_CHECKPOINT_PATTERN.format(epoch=epoch + 1))
+        temporary = path + ".tmp.npz"
+        np.savez(temporary, *[np.asarray(w) for w in self.model.get_weights()])
+        os.replace(temporary, path)
+        for old in epoch_checkpoints(self.directory)[: -self.keep]:
+            os.remove(old)
+
+
+def epoch_checkpoints(directory):
+    """The `EpochCheckpoints` files in `directory`, oldest epoch first."""
+    found = []
+    for path in glob.glob(os.path.join(str(directory), "epoch-*.weights.npz")):
+        match = _EPOCH_CHECKPOINT_RE.search(os.path.basename(path))
+        if match:
+            found.append((int(match.group(1)), path))
+    return [path for _, path in sorted(found)]
+
+
 def make_callbacks(
     output_dir,
     bleu_callback=None,
@@ -142,6 +297,8 @@ def make_callbacks(
     tensorboard_update_freq="epoch",
     backup_save_freq="epoch",
     tensorboard=None,
+    keep_checkpoints=0,
+    run_history=None,
 ):
     """The standard callbacks of a run, in the order `fit` must see them.
 
@@ -150,8 +307,11 @@ def make_callbacks(
       `<output_dir>/checkpoints/last.keras` (or `last.weights.h5`), plus, if
       `best_monitor` is set (e.g. `"val_loss"` or `"val_bleu"`), the best one to
       `checkpoints/best.keras`;
+    - `EpochCheckpoints` keeping the last `keep_checkpoints` epochs' weights in
+      `checkpoints/epoch-NNN.weights.npz` (for checkpoint averaging), if asked;
     - `TensorBoard` writing under `<output_dir>/logs` (when the `tensorboard` package is
       installed: TensorFlow 2.21 no longer depends on it);
+    - `run_history` (a `RunHistory`), if given;
     - `BackupAndRestore` under `<output_dir>/backup`, last, so it backs up an epoch only
       after everything else has handled it. Rerunning the same `fit` call after the
       process was killed restores the weights, the optimizer state (step count, Adam
@@ -176,6 +336,9 @@ def make_callbacks(
         tensorboard: bool or `None`, add the `TensorBoard` callback; `None` adds it if
             the `tensorboard` package is installed (and logs a warning if not); `True`
             raises if it is missing. Defaults to `None`.
+        keep_checkpoints: int, keep this many epochs' weights for averaging; `0` adds
+            no `EpochCheckpoints`. Defaults to `0`.
+        run_history: a `RunHistory` or `None`. Defaults to `None`.
 
     Returns:
         A list of `keras.callbacks.Callback`.
@@ -207,6 +370,8 @@ def make_callbacks(
                 save_weights_only=save_weights_only,
             )
         )
+    if keep_checkpoints:
+        callbacks.append(EpochCheckpoints(checkpoint_dir, keep_checkpoints))
     tensorboard_installed = importlib.util.find_spec("tensorboard") is not None
     if tensorboard and not tensorboard_installed:
         raise ValueError("`tensorboard=True` but the `tensorboard` package is not installed.")
@@ -220,6 +385,8 @@ def make_callbacks(
                 profile_batch=0,
             )
         )
+    if run_history is not None:
+        callbacks.append(run_history)
     callbacks.append(
         keras.callbacks.BackupAndRestore(
             os.path.join(output_dir, "backup"), save_freq=backup_save_freq

@@ -25,7 +25,10 @@ def global_sum(value):
     replica_context = tf.distribute.get_replica_context()
     if replica_context is None or replica_context.num_replicas_in_sync == 1:
         return value
-    return replica_context.all_reduce(tf.distribute.ReduceOp.SUM, value)
+    # `identity` places the value on this replica's device: under MultiWorkerMirrored the
+    # read of a metric variable carries no device, and a collective needs one ("destinations
+    # can not be empty").
+    return replica_context.all_reduce(tf.distribute.ReduceOp.SUM, tf.identity(value))
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")

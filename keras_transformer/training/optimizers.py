@@ -10,6 +10,7 @@ def make_optimizer(
     warmup_steps,
     scale=1.0,
     clipnorm=None,
+    global_clipnorm=None,
     beta_1=0.9,
     beta_2=0.98,
     epsilon=1e-9,
@@ -20,7 +21,14 @@ def make_optimizer(
         d_model: int, the model width (sets the schedule's scale `d_model**-0.5`).
         warmup_steps: int, steps of linear learning-rate warmup.
         scale: float, multiplier of the learning rate. Defaults to `1.0`.
-        clipnorm: float or `None`, clip each gradient to this norm. Defaults to `None`.
+        clipnorm: float or `None`, clip each variable's gradient *separately* to this
+            norm (Keras' `clipnorm`): the update's direction changes whenever one
+            variable's gradient is clipped and another's is not. Defaults to `None`.
+        global_clipnorm: float or `None`, rescale *all* gradients by one factor so that
+            their global L2 norm is at most this, keeping the update's direction: what
+            papers (and `torch.nn.utils.clip_grad_norm_`, tensor2tensor, fairseq's
+            `--clip-norm`) mean by gradient clipping. At most one of the two. Defaults
+            to `None`.
         beta_1: float, Adam's first-moment decay. Defaults to `0.9` (paper).
         beta_2: float, Adam's second-moment decay. Defaults to `0.98` (paper).
         epsilon: float, Adam's epsilon. Defaults to `1e-9` (paper).
@@ -31,7 +39,7 @@ def make_optimizer(
 
     Example:
 
-    >>> optimizer = make_optimizer(d_model=256, warmup_steps=1000, clipnorm=1.0)
+    >>> optimizer = make_optimizer(d_model=256, warmup_steps=1000, global_clipnorm=1.0)
     >>> model.compile(optimizer=optimizer, loss=MaskedSparseCategoricalCrossentropy())
 
     References:
@@ -43,4 +51,5 @@ def make_optimizer(
         beta_2=beta_2,
         epsilon=epsilon,
         clipnorm=clipnorm,
+        global_clipnorm=global_clipnorm,
     )

@@ -1,14 +1,24 @@
-"""Choosing the `tf.distribute` strategy a run trains under."""
+"""Choosing the `tf.distribute` strategy a run trains under, and who writes in a cluster.
+
+Multi-worker training (`MultiWorkerMirroredStrategy`, one process per machine, the cluster
+in `TF_CONFIG`) follows TensorFlow's multi-worker guide: every worker runs the same
+program and takes part in every collective op, but only the chief writes the run
+directory; the other workers write to a temporary directory of their own
+(`worker_write_dir`) that is removed when training ends.
+"""
 
 import json
 import logging
 import os
+import pathlib
 
 import tensorflow as tf
 
 logger = logging.getLogger(__name__)
 
 STRATEGY_NAMES = ("auto", "default", "mirrored", "multi_worker")
+# A non-chief worker's private write directory is `<run dir>/<prefix><task id>`.
+WORKER_TEMP_PREFIX = "workertemp_"
 
 
 def num_workers_from_tf_config(tf_config=None):
@@ -35,6 +45,163 @@ def num_workers_from_tf_config(tf_config=None):
     return len(cluster.get("chief", [])) + len(cluster.get("worker", []))
 
 
+def make_tf_config(workers, index):
+    """The `TF_CONFIG` JSON of worker `index` in a cluster of `workers` (no separate chief).
+
+    Worker 0 is the chief (it writes the run directory), as in TensorFlow's convention for
+    a cluster without a `chief` task.
+
+    Args:
+        workers: list of `"host:port"` strings, one per worker, the same list on every
+            worker.
+        index: int, this worker's position in `workers`.
+
+    Returns:
+        string, the JSON to put in the `TF_CONFIG` environment variable.
+
+    Raises:
+        ValueError: if `workers` is empty or `index` is out of range.
+
+    Example:
+
+    >>> make_tf_config(["h0:2222", "h1:2222"], 1)
+    '{"cluster": {"worker": ["h0:2222", "h1:2222"]}, "task": {"type": "worker", "index": 1}}'
+    """
+    workers = list(workers)
+    if not workers:
+        raise ValueError("`workers` must name at least one host:port.")
+    if not 0 <= index < len(workers):
+        raise ValueError(
+            f"`index` must be in [0, {len(workers)}). Received: index={index}, "
+            f"workers={workers}"
+        )
+    return json.dumps(
+        {"cluster": {"worker": workers}, "task": {"type": "worker", "index": int(index)}}
+    )
+
+
+def task_of(strategy):
+    """`(task_type, task_id)` of this process in `strategy`'s cluster; `(None, None)` alone."""
+    resolver = getattr(strategy, "cluster_resolver", None)
+    if resolver is None or not getattr(resolver, "cluster_spec", None):
+        return None, None
+    if not resolver.cluster_spec().as_dict():
+        return None, None
+    return resolver.task_type, resolver.task_id
+
+
+def is_chief(strategy):
+    """Whether this process writes the run directory: the `chief` task, else worker 0.
+
+    Args:
+        strategy: a `tf.distribute.Strategy`.
+
+    Returns:
+        bool; `True` for any single-process strategy.
+
+    Example:
+
+    >>> is_chief(select_strategy("default"))
+    True
+    """
+    task_type, task_id = task_of(strategy)
+    if task_type is None:
+        return True
+    if task_type == "chief":
+        return True
+    cluster = strategy.cluster_resolver.cluster_spec().as_dict()
+    return task_type == "worker" and task_id == 0 and "chief" not in cluster
+
+
+def worker_write_dir(output_dir, strategy):
+    """Where this process writes: `output_dir` on the chief, a private directory elsewhere.
+
+    A non-chief worker writes its checkpoints, backups, logs and tokenizer under
+    `output_dir/workertemp_<task_id>` (the name TensorFlow's multi-worker guide and
+    `tf.keras`' own fault-tolerance code use). The name is fixed, not random, so a worker
+    restarted after a failure finds its own `BackupAndRestore` state again; the trainer
+    deletes the directory when training ends. On a cluster without a shared filesystem
+    it lives on the worker's own disk and never reaches the chief's run directory.
+
+    Args:
+        output_dir: path-like, the run directory.
+        strategy: a `tf.distribute.Strategy`.
+
+    Returns:
+        A `pathlib.Path`.
+    """
+    output_dir = pathlib.Path(output_dir)
+    if is_chief(strategy):
+        return output_dir
+    task_type, task_id = task_of(strategy)
+    return output_dir / f"{WORKER_TEMP_PREFIX}{task_id}"
+
+
+def shard_by_data(dataset):
+    """Sets `AutoShardPolicy.DATA` on `dataset`: each worker keeps its part of every batch.
+
+    Why DATA and not FILE, for every source (text files, TSV, TFDS): the pipeline
+    shuffles with the run's seed and batches by length buckets, so a global batch is a
+    function of the whole (sub)set of examples. Under DATA every worker builds the same
+    global batches and keeps its own slice of each (worker `i` of `n` takes the `i`-th
+    part), so
+
+    - the examples of different workers are disjoint and together are exactly one epoch;
+    - every worker runs the same number of steps (FILE sharding would batch each
+      worker's files separately: with length bucketing the workers' batch counts differ
+      and the one with more batches waits forever in an all-reduce);
+    - the updates equal those of one process on the same global batches (the loss is a
+      global token mean), which the tests check.
+
+    FILE would also fail outright with fewer files than workers, the usual case for a
+    translation corpus (Multi30K's train split is one TFDS file; a parallel corpus is one
+    pair of text files). The price is that every worker reads and tokenizes all the
+    data, which is cheap next to training a Transformer on it.
+
+    Args:
+        dataset: a `tf.data.Dataset` (the final, batched training or validation data).
+
+    Returns:
+        The dataset with the option set.
+    """
+    options = tf.data.Options()
+    options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
+    return dataset.with_options(options)
+
+
+def _fix_keras_multi_worker_logs():
+    """Makes Keras 3's `fit` log scalar metrics under `MultiWorkerMirroredStrategy`.
+
+    Keras (3.15) reduces every per-replica output of a train or test step with
+    `strategy.reduce("MEAN", value, axis=0)` when the strategy is multi-worker; the logs are
+    scalars, which have no axis 0, so the first step fails ("Invalid reduction dimension 0
+    for input with 0 dimensions"). This wraps Keras' `reduce_per_replica` to reduce scalars
+    with `axis=None` (the mean over replicas) and leaves everything else to Keras. Applied
+    once, when the strategy is created.
+    """
+    from keras.src.backend.tensorflow import trainer as keras_tf_trainer
+
+    original = keras_tf_trainer.reduce_per_replica
+    if getattr(original, "_keras_transformer_fix", False):
+        return
+
+    def reduce_per_replica(values, strategy, reduction="auto"):
+        if reduction == "auto" and keras_tf_trainer._collective_all_reduce_multi_worker(strategy):
+
+            def reduce(value):
+                if isinstance(value, (tf.distribute.DistributedValues, tf.Tensor)) and (
+                    value.shape.rank == 0
+                ):
+                    return strategy.reduce("MEAN", value, axis=None)
+                return original(value, strategy, reduction)
+
+            return tf.nest.map_structure(reduce, values)
+        return original(values, strategy, reduction)
+
+    reduce_per_replica._keras_transformer_fix = True
+    keras_tf_trainer.reduce_per_replica = reduce_per_replica
+
+
 def select_strategy(name="auto", devices=None):
     """Returns the `tf.distribute.Strategy` named `name`, and logs which one it is.
 
@@ -45,7 +212,13 @@ def select_strategy(name="auto", devices=None):
     - `"mirrored"`: `MirroredStrategy` over `devices` if given; else over all visible
       GPUs; else over all logical CPU devices (a CPU split with
       `tf.config.set_logical_device_configuration`, useful for tests).
-    - `"multi_worker"`: `MultiWorkerMirroredStrategy`, the cluster read from `TF_CONFIG`.
+    - `"multi_worker"`: `MultiWorkerMirroredStrategy`, the cluster read from `TF_CONFIG`;
+      its gradient all-reduce uses `RING` collectives on CPU-only machines (NCCL needs
+      GPUs) and TensorFlow's choice otherwise.
+
+    Call it at program start, before any other TensorFlow op: `MultiWorkerMirroredStrategy`
+    configures the collective ops of the eager context, which fails once the context
+    exists. This function itself looks only at *physical* devices for that reason.
 
     Build and compile the model inside `strategy.scope()`; `fit` then runs under it.
 
@@ -75,7 +248,9 @@ def select_strategy(name="auto", devices=None):
         raise ValueError(f"`devices` is only used by 'mirrored'. Received: name={name!r}")
     if name == "auto":
         num_workers = num_workers_from_tf_config()
-        num_gpus = len(tf.config.list_logical_devices("GPU"))
+        # Physical, not logical: listing logical devices would initialize the context
+        # before MultiWorkerMirroredStrategy can configure it.
+        num_gpus = len(tf.config.list_physical_devices("GPU"))
         if num_workers > 1:
             name = "multi_worker"
         elif num_gpus > 1:
@@ -92,7 +267,17 @@ def select_strategy(name="auto", devices=None):
     if name == "default":
         strategy = tf.distribute.get_strategy()
     elif name == "multi_worker":
-        strategy = tf.distribute.MultiWorkerMirroredStrategy()
+        implementation = (
+            tf.distribute.experimental.CommunicationImplementation.AUTO
+            if tf.config.list_physical_devices("GPU")
+            else tf.distribute.experimental.CommunicationImplementation.RING
+        )
+        strategy = tf.distribute.MultiWorkerMirroredStrategy(
+            communication_options=tf.distribute.experimental.CommunicationOptions(
+                implementation=implementation
+            )
+        )
+        _fix_keras_multi_worker_logs()
     else:
         if devices is None:
             devices = [d.name for d in tf.config.list_logical_devices("GPU")] or [

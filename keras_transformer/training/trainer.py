@@ -1,29 +1,45 @@
 """One training run end to end: data, tokenizers, model, `model.fit` under a strategy.
 
 The run directory layout is the contract with export (see `keras_transformer/export/run.py`):
-`config.json`, `tokenizer/`, `checkpoints/{last,best}.keras`, `logs/`, `backup/`,
-`model.keras`, `history.json`.
+`config.json`, `tokenizer/`, `checkpoints/{last,best}.keras` (and
+`checkpoints/epoch-NNN.weights.npz` with `keep_checkpoints`), `logs/`, `backup/` (while
+training), `model.keras`, `history.json` (every epoch's logs and time, over all attempts).
 """
 
 import dataclasses
 import json
 import logging
 import pathlib
+import shutil
 import time
 
 import keras
 import numpy as np
+import tensorflow as tf
 
 from keras_transformer.data import compare_padding, load_multi30k, make_translation_dataset
 from keras_transformer.model import build_transformer
 from keras_transformer.text import load_tokenizers, train_tokenizers
-from keras_transformer.training.callbacks import BleuCallback, make_callbacks
+from keras_transformer.training.callbacks import (
+    BleuCallback,
+    RunHistory,
+    make_callbacks,
+    read_run_history,
+)
 from keras_transformer.training.losses import MaskedSparseCategoricalCrossentropy
 from keras_transformer.training.metrics import MaskedAccuracy
 from keras_transformer.training.optimizers import make_optimizer
-from keras_transformer.training.strategy import select_strategy
+from keras_transformer.training.strategy import (
+    is_chief,
+    select_strategy,
+    shard_by_data,
+    worker_write_dir,
+)
 
 logger = logging.getLogger(__name__)
+
+# Validation sentences translated per call while computing BLEU (one progress-bar step).
+_BLEU_BATCH_SIZE = 64
 
 
 @dataclasses.dataclass
@@ -37,6 +53,8 @@ class TrainingRun:
     output_dir: pathlib.Path
     history: dict
     train_seconds: float
+    # Epochs this call trained (0: the run was already finished).
+    epochs_trained: int = 0
 
 
 def _pairs(dataset, source_lang, target_lang, limit=None):
@@ -95,7 +113,8 @@ def compile_model(model, config):
     """Compiles with the masked label-smoothed loss, masked accuracy and the warm-up Adam."""
     model.compile(
         optimizer=make_optimizer(
-            config.d_model, config.warmup_steps, scale=config.lr_scale, clipnorm=config.clipnorm
+            config.d_model, config.warmup_steps, scale=config.lr_scale,
+            clipnorm=config.clipnorm, global_clipnorm=config.global_clipnorm,
         ),
         loss=MaskedSparseCategoricalCrossentropy(label_smoothing=config.label_smoothing),
         metrics=[MaskedAccuracy()],
@@ -127,6 +146,125 @@ def make_datasets(config, splits, source_tokenizer, target_tokenizer, replicas=1
     return train, train_ds, val_ds
 
 
+# Config fields a resumed or continued run may change: neither the data, the model nor
+# the optimization depends on them.
+RESUMABLE_FIELDS = ("epochs", "keep_checkpoints")
+# A run directory holds these (written by `train`); a directory without any of them is
+# not a run directory (see `is_run_directory`).
+RUN_MARKERS = ("config.json", "history.json", "model.keras", "backup", "tokenizer")
+# Mixes the epoch into the shuffle seed: epoch e shuffles with seed + e * this prime.
+_EPOCH_SEED_STRIDE = 1_000_003
+
+
+class ConfigMismatchError(ValueError):
+    """A run directory was trained with another configuration than the one given."""
+
+
+def is_run_directory(path):
+    """Whether `path` is a directory `train` wrote (so `--overwrite` may delete it)."""
+    path = pathlib.Path(path)
+    return path.is_dir() and (path / "config.json").is_file() and any(
+        (path / name).exists() for name in RUN_MARKERS if name != "config.json"
+    )
+
+
+def check_resumable(config, run_dir):
+    """Refuses to resume or continue `run_dir` with a different configuration.
+
+    Args:
+        config: `TrainingConfig`, the configuration asked for now.
+        run_dir: path-like, a run directory (without `config.json` nothing is checked).
+
+    Raises:
+        ConfigMismatchError: listing every field that differs, except those in
+            `RESUMABLE_FIELDS`.
+    """
+    path = pathlib.Path(run_dir) / "config.json"
+    if not path.is_file():
+        return
+    saved = type(config).from_dict(json.loads(path.read_text())).to_dict()
+    current = config.to_dict()
+    differing = [
+        name for name in current if name not in RESUMABLE_FIELDS and saved[name] != current[name]
+    ]
+    if differing:
+        lines = "\n".join(
+            f"  {name}: {saved[name]!r} in the run, {current[name]!r} now" for name in differing
+        )
+        raise ConfigMismatchError(
+            f"{run_dir} was trained with a different configuration:\n{lines}\n"
+            f"Only {', '.join(RESUMABLE_FIELDS)} may change when resuming or continuing a "
+            "run. Use the run's own settings, another output directory, or --overwrite to "
+            "start over."
+        )
+
+
+def _backup_epochs(write_dir):
+    """Epochs the `BackupAndRestore` state covers, or `None` without a backup."""
+    path = pathlib.Path(write_dir) / "backup" / "training_metadata.json"
+    if not path.is_file():
+        return None
+    return int(json.loads(path.read_text())["epoch"])
+
+
+def epoch_seed(seed, epoch):
+    """The shuffle seed of `epoch` (0-based): a function of the run's seed and the epoch.
+
+    `tf.data`'s `reshuffle_each_iteration` draws each epoch's order from a generator that
+    starts again when the process restarts, so a resumed run would replay epoch 0's order;
+    a seed computed from the epoch number survives restarts.
+    """
+    return seed + epoch * _EPOCH_SEED_STRIDE
+
+
+def make_epoch_train_dataset(config, train_pairs, source_tokenizer, target_tokenizer,
+                             replicas=1, initial_epoch=0):
+    """Training batches of epochs `initial_epoch, ..., config.epochs - 1`, back to back.
+
+    Epoch `e` is the pipeline shuffled with `epoch_seed(config.seed, e)`: the batches of
+    an epoch do not depend on which process trains it, so a resumed or continued run sees
+    exactly the batches an uninterrupted one does. With `config.steps_per_epoch` each
+    epoch is that many batches (its data repeated if needed); otherwise one pass.
+
+    Returns:
+        `(dataset, steps_per_epoch)`; pass both to `fit`.
+    """
+    batching = dict(
+        max_length=config.max_length,
+        batch_size=config.batch_size or 64,
+        tokens_per_batch=config.tokens_per_batch,
+        bucket_boundaries=config.bucket_boundaries,
+        batch_multiple=replicas,
+        source_lang=config.source_lang,
+        target_lang=config.target_lang,
+    )
+
+    def one_epoch(epoch):
+        return make_translation_dataset(
+            train_pairs, source_tokenizer, target_tokenizer, shuffle=True,
+            seed=epoch_seed(config.seed, epoch), repeat=config.steps_per_epoch is not None,
+            # Cached data would be cached per epoch here, so it is not cached at all:
+            # tokenizing a corpus is cheap next to training on it.
+            cache=False, **batching,
+        )
+
+    steps = config.steps_per_epoch
+    if steps is None:
+        # The number of batches does not depend on the order: every length bucket
+        # yields ceil(its examples / its batch size) batches, so one count holds for
+        # every epoch.
+        steps = int(one_epoch(tf.constant(0, tf.int64)).reduce(0, lambda count, _: count + 1))
+
+    def epoch_batches(epoch):
+        batches = one_epoch(epoch)
+        return batches.take(steps) if config.steps_per_epoch is not None else batches
+
+    dataset = tf.data.Dataset.range(initial_epoch, max(config.epochs, initial_epoch)).flat_map(
+        epoch_batches
+    )
+    return dataset.prefetch(tf.data.AUTOTUNE), steps
+
+
 def train(
     config,
     output_dir,
@@ -136,12 +274,26 @@ def train(
     make_translate_fn=None,
     report_padding=True,
     verbose="auto",
+    callbacks=None,
 ):
     """Trains a Transformer on Multi30K with `model.fit` and writes a run directory.
 
-    Rerunning the same call after the process died resumes from the last completed epoch
-    (`BackupAndRestore`): weights, optimizer state and epoch counter are restored, and the
-    tokenizer trained by the first attempt is reused.
+    A run's life:
+    - *Resume*: rerunning the same call after the process (or a worker) died resumes from
+      the last completed epoch (`BackupAndRestore`): weights, optimizer state and epoch
+      counter are restored, the tokenizer of the first attempt is reused, epoch `e` sees
+      the same shuffled batches as in an uninterrupted run (`epoch_seed`), and
+      `history.json` and the training time cover every epoch of every attempt.
+    - *Continue*: a finished run called again with a larger `config.epochs` continues from
+      its final model with its optimizer state (step count, so the schedule; Adam
+      moments). With the same or fewer epochs nothing is trained and the run is loaded.
+    - A different configuration (other than `RESUMABLE_FIELDS`) is refused with
+      `ConfigMismatchError`.
+
+    Several machines: under `MultiWorkerMirroredStrategy` (`TF_CONFIG` names the cluster)
+    every worker runs this same call; each keeps its part of every global batch
+    (`shard_by_data`), only the chief writes `output_dir`, the other workers write to
+    `worker_write_dir` (removed at the end) and only the chief computes validation BLEU.
 
     Args:
         config: `TrainingConfig`.
@@ -151,35 +303,71 @@ def train(
             `None` (see `keras_transformer.data.find_local_multi30k`).
         strategy: a `tf.distribute.Strategy` or a name for `select_strategy`
             (`"auto"`, `"default"`, `"mirrored"`, `"multi_worker"`). Defaults to `"auto"`.
+            A name is resolved first thing, before any other TensorFlow op, as
+            `MultiWorkerMirroredStrategy` requires.
         make_translate_fn: optional callable `(model, source_tokenizer, target_tokenizer)
             -> translate_fn(list[str]) -> list[str]` for validation BLEU (the caller
             injects decoding, so training does not import it). `None` skips BLEU.
         report_padding: bool, print the padding fraction with and without bucketing.
         verbose: Keras `fit` verbosity. Defaults to `"auto"` (the progress bar).
+        callbacks: list of extra `keras.callbacks.Callback`, run after the run's own.
+            Defaults to `None`.
 
     Returns:
         A `TrainingRun`.
     """
+    if isinstance(strategy, str):
+        strategy = select_strategy(strategy)
     output_dir = pathlib.Path(output_dir)
-    output_dir.mkdir(parents=True, exist_ok=True)
+    chief = is_chief(strategy)
+    write_dir = worker_write_dir(output_dir, strategy)
+    write_dir.mkdir(parents=True, exist_ok=True)
+    check_resumable(config, write_dir)
+
+    # Where this run stands: a backup (interrupted), a final model (finished) or nothing.
+    initial_epoch = _backup_epochs(write_dir)
+    continue_from = None
+    if initial_epoch is None:
+        # A finished run: on a worker whose private directory is gone, the chief's
+        # files (a shared filesystem) say how far the run got.
+        finished_dir = write_dir if (write_dir / "model.keras").is_file() else output_dir
+        if (finished_dir / "model.keras").is_file():
+            initial_epoch = read_run_history(finished_dir / "history.json")["epochs"]
+            continue_from = finished_dir / "model.keras"
+        else:
+            initial_epoch = 0
+    previous = read_run_history(
+        (continue_from.parent if continue_from else write_dir) / "history.json", initial_epoch
+    )
+    if continue_from is not None and config.epochs <= initial_epoch:
+        print(f"{output_dir} holds a finished run of {initial_epoch} epoch(s); nothing to "
+              "train (pass a larger --epochs to continue it).", flush=True)
+        return _load_finished_run(config, output_dir, continue_from, previous)
+
     keras.utils.set_random_seed(config.seed)
     if config.precision:
         keras.config.set_dtype_policy(config.precision)
-    if isinstance(strategy, str):
-        strategy = select_strategy(strategy)
     replicas = strategy.num_replicas_in_sync
-    (output_dir / "config.json").write_text(json.dumps(config.to_dict(), indent=2))
+    if chief:
+        # Atomically: other workers may read it (a shared filesystem) at this moment.
+        temporary = output_dir / "config.json.tmp"
+        temporary.write_text(json.dumps(config.to_dict(), indent=2))
+        temporary.replace(output_dir / "config.json")
 
     splits = {
         split: load_multi30k(split, data_dir=data_dir, local_dir=local_dir)
         for split in ("train", "validation")
     }
     train_split = splits["train"].take(config.train_subset) if config.train_subset else splits["train"]
-    source_tokenizer, target_tokenizer = prepare_tokenizers(config, train_split, output_dir)
-    train_pairs, train_ds, val_ds = make_datasets(
+    source_tokenizer, target_tokenizer = prepare_tokenizers(config, train_split, write_dir)
+    train_pairs, _, val_ds = make_datasets(
         config, splits, source_tokenizer, target_tokenizer, replicas
     )
-    if report_padding:
+    train_ds, steps_per_epoch = make_epoch_train_dataset(
+        config, train_pairs, source_tokenizer, target_tokenizer, replicas, initial_epoch
+    )
+    train_ds, val_ds = shard_by_data(train_ds), shard_by_data(val_ds)
+    if report_padding and chief:
         report = compare_padding(
             train_pairs, source_tokenizer, target_tokenizer, num_batches=30,
             max_length=config.max_length, batch_size=config.batch_size or 64,
@@ -190,12 +378,22 @@ def train(
 
     with strategy.scope():
         model = compile_model(build_model(config, source_tokenizer, target_tokenizer), config)
+        build_from_spec(model, train_ds.element_spec)
+        if continue_from is not None:
+            model.optimizer.build(model.trainable_variables)
+            model.load_weights(continue_from)  # the weights and the optimizer state
     print(f"Model: {model.count_params():,} parameters; strategy "
           f"{type(strategy).__name__} with {replicas} replica(s); policy "
           f"{keras.config.dtype_policy().name}", flush=True)
+    if initial_epoch:
+        print(f"{'Continuing' if continue_from else 'Resuming'} after epoch {initial_epoch} "
+              f"of {config.epochs}", flush=True)
 
     bleu_callback = None
-    if make_translate_fn is not None and config.bleu_sentences:
+    if make_translate_fn is not None and config.bleu_sentences and chief:
+        # Decoding is not a collective op: the chief alone translates, once per
+        # evaluation, while the other workers wait at the next step's all-reduce. Only
+        # the chief saves the best model, so its decision needs no collective either.
         sources, references = _pairs(
             splits["validation"], config.source_lang, config.target_lang, config.bleu_sentences
         )
@@ -204,36 +402,73 @@ def train(
             sources,
             references,
             every_n_epochs=config.bleu_every_n_epochs,
-            best_path=str(output_dir / "checkpoints" / "best.keras"),
+            best_path=str(write_dir / "checkpoints" / "best.keras"),
+            batch_size=_BLEU_BATCH_SIZE,
         )
-    callbacks = make_callbacks(
-        str(output_dir),
+    run_history = RunHistory(write_dir / "history.json", initial=previous)
+    run_callbacks = make_callbacks(
+        str(write_dir),
         bleu_callback=bleu_callback,
-        best_monitor=None if bleu_callback else "val_loss",
+        best_monitor=None if bleu_callback or not chief else "val_loss",
+        keep_checkpoints=config.keep_checkpoints,
+        run_history=run_history,
     )
-    started = time.time()
-    history = model.fit(
+    model.fit(
         train_ds,
         validation_data=val_ds,
         epochs=config.epochs,
-        steps_per_epoch=config.steps_per_epoch,
-        callbacks=callbacks,
-        verbose=verbose,
+        initial_epoch=initial_epoch,
+        steps_per_epoch=steps_per_epoch,
+        callbacks=run_callbacks + list(callbacks or []),
+        # Other workers print one line per epoch: the chief's progress bar is the run's.
+        verbose=verbose if chief else 2,
     )
-    train_seconds = time.time() - started
-    model.save(output_dir / "model.keras")
-    history_dict = {k: [float(v) for v in values] for k, values in history.history.items()}
-    (output_dir / "history.json").write_text(
-        json.dumps({"history": history_dict, "train_seconds": train_seconds}, indent=2)
-    )
+    if chief:
+        model.save(write_dir / "model.keras")
+    else:
+        shutil.rmtree(write_dir, ignore_errors=True)
     return TrainingRun(
         model=model,
         source_tokenizer=source_tokenizer,
         target_tokenizer=target_tokenizer,
         config=config,
         output_dir=output_dir,
-        history=history_dict,
-        train_seconds=train_seconds,
+        history=run_history.history,
+        train_seconds=run_history.train_seconds,
+        epochs_trained=config.epochs - initial_epoch,
+    )
+
+
+def build_from_spec(model, element_spec):
+    """Builds the model's, loss', metrics' and optimizer's state from the data's spec.
+
+    Under a `tf.distribute` strategy Keras 3's `fit` first *reduces* the first input batch
+    across replicas (a `MEAN` of token ids) only to learn its shapes, then builds the same
+    state symbolically; `MultiWorkerMirroredStrategy`'s collective reduce cannot reduce a
+    nested batch such as `({"encoder_tokens", "decoder_tokens"}, labels)` and fails. The
+    shapes are known from the dataset's `element_spec`, so the state is built from it here
+    (inside `strategy.scope()`, as Keras does) and `fit`'s own attempt is skipped.
+    """
+    if getattr(model, "_distribute_strategy", None) is None:
+        return  # outside any strategy Keras builds while tracing; nothing to work around
+    model._symbolic_build(data_batch=element_spec)
+    model._maybe_symbolic_build = lambda iterator=None, data_batch=None: None
+
+
+def _load_finished_run(config, output_dir, model_path, record):
+    """The `TrainingRun` of a finished run directory, without training."""
+    source_tokenizer, target_tokenizer = load_tokenizers(model_path.parent / "tokenizer")
+    import keras_transformer.layers  # noqa: F401  (registers the layer classes)
+
+    model = keras.saving.load_model(model_path, compile=False, safe_mode=True)
+    return TrainingRun(
+        model=model,
+        source_tokenizer=source_tokenizer,
+        target_tokenizer=target_tokenizer,
+        config=config,
+        output_dir=pathlib.Path(output_dir),
+        history=record["history"],
+        train_seconds=record["train_seconds"],
     )
 
 
@@ -253,5 +488,7 @@ def training_tokens_per_second(model, dataset, steps=20, warmup_steps=3):
     return tokens / (time.time() - started)
 
 
-__all__ = ["TrainingRun", "build_model", "compile_model", "make_datasets",
-           "prepare_tokenizers", "train", "training_tokens_per_second"]
+__all__ = ["ConfigMismatchError", "RESUMABLE_FIELDS", "TrainingRun", "build_from_spec",
+           "build_model", "check_resumable", "compile_model", "epoch_seed", "is_run_directory",
+           "make_datasets", "make_epoch_train_dataset", "prepare_tokenizers", "train",
+           "training_tokens_per_second"]

@@ -3,12 +3,20 @@
 import importlib.util
 import json
 import os
+import re
 
 import keras
 import numpy as np
 import pytest
 
-from keras_transformer.training.callbacks import BleuCallback, make_callbacks
+from keras_transformer.training.callbacks import (
+    BleuCallback,
+    EpochCheckpoints,
+    RunHistory,
+    epoch_checkpoints,
+    make_callbacks,
+    read_run_history,
+)
 from keras_transformer.training.losses import MaskedSparseCategoricalCrossentropy
 from tests.training.stand_in import build_stand_in_model
 
@@ -126,3 +134,49 @@ def test_tensorboard_required_but_missing_raises(tmp_path):
 def test_tensorboard_logs_under_logs_dir(tmp_path):
     board = next(c for c in make_callbacks(str(tmp_path)) if type(c).__name__ == "TensorBoard")
     assert board.log_dir == str(tmp_path / "logs")
+
+
+def test_validation_bleu_shows_progress_and_result(capsys):
+    sources = SOURCES * 4
+    translator = ScriptedTranslator([["a dog runs ."] * 4] * 3)
+    callback = BleuCallback(translator, sources, REFERENCES * 4, batch_size=4)
+    _tiny_fit([callback], epochs=1)
+    out = capsys.readouterr().out
+    assert "Validation BLEU: translating 12 sentences" in out
+    assert "12/12" in out  # the progress bar reached the end
+    assert re.search(r"Epoch 1: val_bleu = \d+\.\d\d \(new best\) on 12 sentences in", out)
+
+
+def test_run_history_accumulates_over_processes(tmp_path):
+    path = tmp_path / "history.json"
+    first = RunHistory(str(path))
+    _tiny_fit([first], epochs=2)
+    written = read_run_history(path)
+    assert written["epochs"] == 2 and len(written["history"]["loss"]) == 2
+    # A second process resumes after epoch 1 (the backup's), dropping epoch 2's record.
+    second = RunHistory(str(path), initial=read_run_history(path, epochs=1))
+    _tiny_fit([second], epochs=2)
+    resumed = read_run_history(path)
+    assert resumed["epochs"] == 3
+    assert resumed["history"]["loss"][0] == written["history"]["loss"][0]
+    assert resumed["epoch_seconds"][0] == written["epoch_seconds"][0]
+    assert resumed["train_seconds"] == pytest.approx(sum(resumed["epoch_seconds"]))
+
+
+def test_run_history_pads_metrics_of_some_epochs(tmp_path):
+    path = tmp_path / "history.json"
+    translator = ScriptedTranslator([["a dog runs ."] * 3] * 2)
+    bleu = BleuCallback(translator, SOURCES, REFERENCES, every_n_epochs=2, verbose=0)
+    _tiny_fit([bleu, RunHistory(str(path))], epochs=2)
+    history = read_run_history(path)["history"]
+    assert history["val_bleu"][0] is None and history["val_bleu"][1] is not None
+
+
+def test_epoch_checkpoints_keep_the_last_n(tmp_path):
+    model, _ = _tiny_fit([EpochCheckpoints(str(tmp_path), keep=2)], epochs=3)
+    files = epoch_checkpoints(tmp_path)
+    assert [os.path.basename(f) for f in files] == [
+        "epoch-002.weights.npz", "epoch-003.weights.npz"]
+    last = np.load(files[-1])
+    for i, weight in enumerate(model.get_weights()):
+        np.testing.assert_array_equal(last[f"arr_{i}"], weight)

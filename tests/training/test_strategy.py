@@ -21,6 +21,9 @@ class _FakeMultiWorker:
 
     num_replicas_in_sync = 4
 
+    def __init__(self, communication_options=None):
+        self.communication_options = communication_options
+
 
 @pytest.fixture
 def fake_multi_worker(monkeypatch):

@@ -1,0 +1,103 @@
+"""Checkpoint averaging: the mean of the last epochs' weights, as one model.
+
+Vaswani et al. (2017, section 6.1) average the last 5 checkpoints of their base models
+(the last 20 of the big ones): the mean of weights from the flat end of training sits
+nearer the middle of the basin than any one of them and usually translates a little
+better. A run keeps its last `keep_checkpoints` epochs' weights in
+`checkpoints/epoch-NNN.weights.npz` (`EpochCheckpoints`); `average_run` writes their mean
+as `checkpoints/averaged.keras`, which `keras-transformer export --checkpoint averaged`
+exports.
+"""
+
+import pathlib
+
+import keras
+import numpy as np
+
+from keras_transformer.training.callbacks import epoch_checkpoints
+
+# The averaged model of a run directory, next to its other checkpoints.
+AVERAGED_NAME = "averaged.keras"
+
+
+def average_checkpoints(paths):
+    """The element-wise mean of the weights stored in `EpochCheckpoints` files.
+
+    Args:
+        paths: list of paths to `.weights.npz` files of the same model.
+
+    Returns:
+        A list of NumPy arrays in `model.get_weights()` order. Integer arrays (none in a
+        Transformer, but e.g. counters) are taken from the last file instead.
+
+    Raises:
+        ValueError: if `paths` is empty or the files hold different shapes.
+
+    Example:
+
+    >>> weights = average_checkpoints(epoch_checkpoints("runs/multi30k/checkpoints")[-5:])
+    >>> model.set_weights(weights)
+    """
+    paths = list(paths)
+    if not paths:
+        raise ValueError("`paths` must name at least one checkpoint file.")
+    total = None
+    for path in paths:
+        with np.load(path) as stored:
+            weights = [stored[f"arr_{i}"] for i in range(len(stored.files))]
+        if total is None:
+            total = [w.astype("float64") if w.dtype.kind == "f" else w for w in weights]
+            continue
+        if [w.shape for w in weights] != [t.shape for t in total]:
+            raise ValueError(f"{path} holds weights of other shapes than {paths[0]}.")
+        total = [t + w if w.dtype.kind == "f" else w for t, w in zip(total, weights)]
+    return [
+        (t / len(paths)).astype(w.dtype) if w.dtype.kind == "f" else t
+        for t, w in zip(total, weights)
+    ]
+
+
+def average_run(run_dir, last=5, output=None):
+    """Writes the average of a run's last `last` epoch checkpoints as a `.keras` model.
+
+    Args:
+        run_dir: path-like, a run directory with `model.keras` and
+            `checkpoints/epoch-NNN.weights.npz` files (train with `keep_checkpoints`).
+        last: int, how many of the latest epoch checkpoints to average. Defaults to `5`.
+        output: path-like or `None`, where to write; `None` writes
+            `<run_dir>/checkpoints/averaged.keras`. Defaults to `None`.
+
+    Returns:
+        `(path, averaged_paths)`: the written model and the checkpoints it averages.
+
+    Raises:
+        FileNotFoundError: when the run has no final model or no epoch checkpoints.
+        ValueError: when `last` is not positive.
+
+    Example:
+
+    >>> path, used = average_run("runs/multi30k", last=5)
+    """
+    run_dir = pathlib.Path(run_dir)
+    if last < 1:
+        raise ValueError(f"`last` must be >= 1. Received: last={last}")
+    found = epoch_checkpoints(run_dir / "checkpoints")
+    if not found:
+        raise FileNotFoundError(
+            f"No epoch checkpoints in {run_dir / 'checkpoints'}: train with "
+            "--set keep_checkpoints=N to keep the last N epochs' weights."
+        )
+    if not (run_dir / "model.keras").is_file():
+        raise FileNotFoundError(f"No model.keras in {run_dir}: the run has not finished.")
+    chosen = found[-last:]
+    import keras_transformer.layers  # noqa: F401  (registers the layer classes)
+
+    model = keras.saving.load_model(run_dir / "model.keras", compile=False, safe_mode=True)
+    model.set_weights(average_checkpoints(chosen))
+    output = pathlib.Path(output) if output else run_dir / "checkpoints" / AVERAGED_NAME
+    output.parent.mkdir(parents=True, exist_ok=True)
+    model.save(output)
+    return output, chosen
+
+
+__all__ = ["AVERAGED_NAME", "average_checkpoints", "average_run"]

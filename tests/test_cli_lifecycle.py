@@ -1,0 +1,112 @@
+"""A run's life from the command line: `--overwrite` safety, `make run` resumes and
+reuses, `average`, `launch` arguments."""
+
+import os
+import pathlib
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from keras_transformer.cli import _overwrite, build_parser, main
+
+_ROOT = pathlib.Path(__file__).resolve().parent.parent
+
+
+def _train_args(output, *extra):
+    return ["train", "--preset", "tiny", "--output", str(output), *extra]
+
+
+def test_overwrite_refuses_a_directory_that_is_not_a_run(tmp_path):
+    precious = tmp_path / "notes.txt"
+    precious.write_text("keep me")
+    with pytest.raises(SystemExit, match="not a run directory"):
+        main(_train_args(tmp_path, "--overwrite"))
+    assert precious.read_text() == "keep me"
+
+
+def test_overwrite_of_the_working_directory_is_refused(tmp_path, monkeypatch):
+    (tmp_path / "setup.py").write_text("")
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit, match="not a run directory"):
+        main(_train_args(".", "--overwrite"))
+    assert (tmp_path / "setup.py").exists()
+
+
+def test_overwrite_deletes_a_run_but_other_workers_directories(tmp_path):
+    for name in ("config.json", "history.json", "model.keras"):
+        (tmp_path / name).write_text("{}")
+    (tmp_path / "checkpoints").mkdir()
+    (tmp_path / "workertemp_1").mkdir()
+    _overwrite(tmp_path, worker_index=None)
+    assert sorted(os.listdir(tmp_path)) == ["workertemp_1"]  # its worker deletes it
+    _overwrite(tmp_path, worker_index=1)
+    assert os.listdir(tmp_path) == []
+    _overwrite(tmp_path / "missing", worker_index=None)  # nothing to delete is fine
+
+
+def test_resuming_with_another_config_is_refused(tmp_path):
+    from keras_transformer.training import get_preset
+
+    get_preset("tiny").to_file(tmp_path / "config.json")
+    with pytest.raises(SystemExit, match="d_model: 16 in the run, 32 now"):
+        main(_train_args(tmp_path, "--set", "d_model=32"))
+
+
+def test_worker_flags_set_tf_config(monkeypatch, tmp_path):
+    from keras_transformer.cli import _set_worker_tf_config
+
+    # Set (not only deleted) so that monkeypatch removes what the call writes afterwards.
+    monkeypatch.setenv("TF_CONFIG", "")
+    args = build_parser().parse_args(
+        _train_args(tmp_path, "--worker-index", "1", "--workers", "a:1,b:2"))
+    assert _set_worker_tf_config(args) == 1
+    assert os.environ["TF_CONFIG"] == (
+        '{"cluster": {"worker": ["a:1", "b:2"]}, "task": {"type": "worker", "index": 1}}')
+    with pytest.raises(SystemExit, match="go together"):
+        _set_worker_tf_config(build_parser().parse_args(_train_args(tmp_path, "--workers", "a:1")))
+
+
+def test_launch_and_average_parse():
+    args = build_parser().parse_args(
+        ["launch", "--local-workers", "2", "--", "train", "--preset", "tiny", "--output", "r"])
+    assert args.local_workers == 2 and args.train_args[-4:] == ["--preset", "tiny", "--output", "r"]
+    args = build_parser().parse_args(["average", "--model", "r", "--last", "3"])
+    assert (args.model, args.last) == ("r", 3)
+    args = build_parser().parse_args(["export", "--model", "r", "--out", "o", "--checkpoint",
+                                      "averaged"])
+    assert args.checkpoint == "averaged"
+
+
+def _make(*args):
+    return subprocess.run(["make", "-C", str(_ROOT), *args], capture_output=True, text=True,
+                          timeout=900)
+
+
+@pytest.mark.skipif(shutil.which("make") is None, reason="needs make")
+def test_make_run_does_not_overwrite_unless_fresh():
+    dry = _make("-n", "run", "STAMP=")
+    assert dry.returncode == 0, dry.stderr
+    assert "--overwrite" not in dry.stdout
+    assert "--overwrite" in _make("-n", "run", "STAMP=", "FRESH=1").stdout
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("make") is None, reason="needs make")
+def test_make_run_reuses_a_finished_run(tmp_path):
+    run = tmp_path / "run"
+    variables = [f"PY={sys.executable}", "STAMP=", f"RUN_DIR={run}", "PRESET=tiny",
+                 f"TRAIN_ARGS=--tfds-dir {tmp_path / 'tfds'}",
+                 f"EVAL_ARGS=--limit 10 --tfds-dir {tmp_path / 'tfds'}"]
+    first = _make("run", *variables)
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert "Trained 1 epoch(s)" in first.stdout and "BLEU (cased" in first.stdout
+    modified = {p: p.stat().st_mtime_ns for p in (run / "model.keras", run / "export")}
+
+    again = _make("run", *variables)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "Reusing the finished run" in again.stdout
+    assert "Reusing the export" in again.stdout and "Reusing the evaluation" in again.stdout
+    assert again.stdout.count("SRC: ") == first.stdout.count("SRC: ") > 0
+    assert {p: p.stat().st_mtime_ns for p in modified} == modified

@@ -1,0 +1,76 @@
+"""Checkpoint averaging: the averaged model's weights are the mean of the checkpoints."""
+
+import json
+
+import keras
+import numpy as np
+import pytest
+
+from keras_transformer.export.run import load_run, model_path
+from keras_transformer.model import build_transformer
+from keras_transformer.training.averaging import average_checkpoints, average_run
+
+
+def _tiny_model():
+    return build_transformer(vocab_size=40, d_model=8, num_heads=2, ff_dim=16, num_layers=1,
+                             max_length=16)
+
+
+def _write_checkpoint(path, weights):
+    np.savez(path, *weights)
+
+
+@pytest.fixture
+def run_dir(tmp_path):
+    """A run directory with a final model and 4 epoch checkpoints of random weights."""
+    model = _tiny_model()
+    model.save(tmp_path / "model.keras")
+    (tmp_path / "checkpoints").mkdir()
+    rng = np.random.default_rng(0)
+    for epoch in range(1, 5):
+        weights = [rng.normal(size=w.shape).astype(w.dtype) for w in model.get_weights()]
+        _write_checkpoint(tmp_path / "checkpoints" / f"epoch-{epoch:03d}.weights.npz", weights)
+    (tmp_path / "config.json").write_text(json.dumps({"d_model": 8}))
+    return tmp_path
+
+
+def _stored(path):
+    with np.load(path) as stored:
+        return [stored[f"arr_{i}"] for i in range(len(stored.files))]
+
+
+def test_averaged_weights_are_the_mean_of_the_last_n(run_dir):
+    path, used = average_run(run_dir, last=3)
+    assert [p.rsplit("/", 1)[-1] for p in used] == [
+        "epoch-002.weights.npz", "epoch-003.weights.npz", "epoch-004.weights.npz"]
+    averaged = keras.saving.load_model(path, compile=False).get_weights()
+    checkpoints = [_stored(p) for p in used]
+    for i, weight in enumerate(averaged):
+        expected = np.mean([c[i] for c in checkpoints], axis=0)
+        np.testing.assert_allclose(weight, expected, rtol=1e-6, atol=1e-7)
+
+
+def test_export_loads_the_averaged_checkpoint(run_dir, monkeypatch):
+    with pytest.raises(FileNotFoundError, match="keras-transformer average"):
+        model_path(run_dir, "averaged")
+    path, _ = average_run(run_dir, last=2)
+    assert model_path(run_dir, "averaged") == path
+    loaded = keras.saving.load_model(path, compile=False)
+    import keras_transformer.export.run as run_module
+
+    monkeypatch.setattr(run_module, "load_tokenizers", lambda directory: (None, None))
+    model, _, _, config = load_run(run_dir, "averaged")
+    for a, b in zip(model.get_weights(), loaded.get_weights()):
+        np.testing.assert_array_equal(a, b)
+    assert config == {"d_model": 8}
+
+
+def test_average_of_one_checkpoint_is_itself(run_dir):
+    used = sorted((run_dir / "checkpoints").glob("epoch-*.npz"))[-1:]
+    for a, b in zip(average_checkpoints(used), _stored(used[0])):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_no_checkpoints_says_how_to_keep_them(tmp_path):
+    with pytest.raises(FileNotFoundError, match="keep_checkpoints"):
+        average_run(tmp_path, last=5)

@@ -1,0 +1,47 @@
+"""Gradient clipping: per-variable `clipnorm` vs the global norm papers mean."""
+
+import keras
+import numpy as np
+import pytest
+
+from keras_transformer.training.optimizers import make_optimizer
+from keras_transformer.training.presets import get_preset
+from keras_transformer.training.trainer import compile_model
+
+
+def _clipped_gradients(**clipping):
+    """The gradients the optimizer applies for two variables with norms 3 and 4."""
+    optimizer = make_optimizer(d_model=4, warmup_steps=1, **clipping)
+    gradients = [np.array([3.0, 0.0], "float32"), np.array([0.0, 4.0], "float32")]
+    return [np.array(g) for g in optimizer._clip_gradients(
+        [keras.ops.convert_to_tensor(g) for g in gradients])]
+
+
+def test_global_clipnorm_keeps_the_update_direction():
+    clipped = _clipped_gradients(global_clipnorm=1.0)
+    # The global norm is 5: every gradient is divided by 5.
+    np.testing.assert_allclose(clipped[0], [0.6, 0.0], rtol=1e-6)
+    np.testing.assert_allclose(clipped[1], [0.0, 0.8], rtol=1e-6)
+
+
+def test_clipnorm_clips_each_variable_separately():
+    clipped = _clipped_gradients(clipnorm=1.0)
+    np.testing.assert_allclose(clipped[0], [1.0, 0.0], rtol=1e-6)
+    np.testing.assert_allclose(clipped[1], [0.0, 1.0], rtol=1e-6)
+
+
+def test_config_global_clipnorm_reaches_the_compiled_optimizer():
+    config = get_preset("tiny").replace(global_clipnorm=1.0)
+    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+    compile_model(model, config)
+    assert model.optimizer.global_clipnorm == 1.0 and model.optimizer.clipnorm is None
+
+
+def test_reference_recipe_clips_the_global_norm():
+    config = get_preset("multi30k")
+    assert config.global_clipnorm == 1.0 and config.clipnorm is None
+
+
+def test_both_clippings_are_refused():
+    with pytest.raises(ValueError, match="at most one of `clipnorm` and `global_clipnorm`"):
+        get_preset("tiny").replace(clipnorm=1.0, global_clipnorm=1.0)

@@ -1,0 +1,117 @@
+"""A run's life on one machine with the real model on the real, shuffled pipeline:
+resume after a kill, continue a finished run, refuse a changed configuration."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from keras_transformer.training import get_preset
+from keras_transformer.training.callbacks import read_run_history
+from keras_transformer.training.trainer import (
+    ConfigMismatchError,
+    check_resumable,
+    epoch_seed,
+    is_run_directory,
+)
+
+_SCRIPT = os.path.join(os.path.dirname(__file__), "run_child.py")
+
+
+def _run(output_dir, result, tfds_dir, *extra):
+    command = [sys.executable, _SCRIPT, str(output_dir), str(result), "--tfds-dir",
+               str(tfds_dir), *map(str, extra)]
+    return subprocess.run(command, capture_output=True, text=True, timeout=300)
+
+
+def _assert_same_state(actual, expected):
+    names = [n for n in expected.files if n != "epochs_run"]
+    assert sorted(n for n in actual.files if n != "epochs_run") == sorted(names)
+    assert any(n.startswith("optimizer_") for n in names)
+    for name in names:
+        np.testing.assert_allclose(actual[name], expected[name], rtol=1e-5, atol=1e-7,
+                                   err_msg=name)
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory, multi30k_tfds_dir):
+    """An uninterrupted 3-epoch run."""
+    directory = tmp_path_factory.mktemp("reference")
+    completed = _run(directory / "run", directory / "result.npz", multi30k_tfds_dir)
+    assert completed.returncode == 0, completed.stderr[-4000:]
+    return directory
+
+
+@pytest.mark.slow
+def test_killed_run_resumes_exactly(reference, tmp_path, multi30k_tfds_dir):
+    run = tmp_path / "run"
+    killed = _run(run, tmp_path / "never.npz", multi30k_tfds_dir, "--kill-after-epoch", "1",
+                  "--kill-at-batch", "5")  # mid-epoch 2
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-4000:]
+    before = read_run_history(run / "history.json")
+    assert before["epochs"] == 1
+
+    resumed = _run(run, tmp_path / "resumed.npz", multi30k_tfds_dir)
+    assert resumed.returncode == 0, resumed.stderr[-4000:]
+    expected = np.load(reference / "result.npz")
+    actual = np.load(tmp_path / "resumed.npz")
+    assert expected["epochs_run"].tolist() == [0, 1, 2]
+    assert actual["epochs_run"].tolist() == [1, 2]  # resumed, not restarted
+    _assert_same_state(actual, expected)
+
+    # The history and the training time cover the whole run, not the resumed part.
+    history = read_run_history(run / "history.json")
+    reference_history = read_run_history(reference / "run" / "history.json")
+    assert history["epochs"] == 3
+    assert history["epoch_seconds"][0] == before["epoch_seconds"][0]
+    assert history["train_seconds"] == pytest.approx(sum(history["epoch_seconds"]))
+    for key, values in reference_history["history"].items():
+        np.testing.assert_allclose(history["history"][key], values, rtol=1e-5, err_msg=key)
+
+
+@pytest.mark.slow
+def test_finished_run_continues_to_more_epochs(reference, tmp_path, multi30k_tfds_dir):
+    run = tmp_path / "run"
+    first = _run(run, tmp_path / "two.npz", multi30k_tfds_dir, "--epochs", "2")
+    assert first.returncode == 0, first.stderr[-4000:]
+    again = _run(run, tmp_path / "again.npz", multi30k_tfds_dir, "--epochs", "2")
+    assert again.returncode == 0, again.stderr[-4000:]
+    assert "nothing to train" in again.stdout
+    assert np.load(tmp_path / "again.npz")["epochs_run"].tolist() == []
+
+    continued = _run(run, tmp_path / "three.npz", multi30k_tfds_dir, "--epochs", "3")
+    assert continued.returncode == 0, continued.stderr[-4000:]
+    actual = np.load(tmp_path / "three.npz")
+    assert actual["epochs_run"].tolist() == [2]
+    _assert_same_state(actual, np.load(reference / "result.npz"))
+    assert read_run_history(run / "history.json")["epochs"] == 3
+    assert json.loads((run / "config.json").read_text())["epochs"] == 3
+
+
+def test_changed_config_is_refused_listing_the_fields(tmp_path):
+    config = get_preset("tiny")
+    (tmp_path / "config.json").write_text(json.dumps(config.to_dict()))
+    check_resumable(config.replace(epochs=7, keep_checkpoints=2), tmp_path)  # allowed
+    with pytest.raises(ConfigMismatchError) as raised:
+        check_resumable(config.replace(d_model=32, dropout=0.2, epochs=7), tmp_path)
+    message = str(raised.value)
+    assert "d_model: 16 in the run, 32 now" in message
+    assert "dropout: 0.0 in the run, 0.2 now" in message
+    assert "epochs:" not in message
+
+
+def test_epoch_seeds_differ_per_epoch_and_do_not_depend_on_the_process():
+    seeds = [epoch_seed(1234, epoch) for epoch in range(4)]
+    assert len(set(seeds)) == 4 and seeds == [epoch_seed(1234, e) for e in range(4)]
+
+
+def test_run_directory_detection(tmp_path):
+    assert not is_run_directory(tmp_path)
+    (tmp_path / "config.json").write_text("{}")
+    assert not is_run_directory(tmp_path)  # a config alone is not a run
+    (tmp_path / "history.json").write_text("{}")
+    assert is_run_directory(tmp_path)
