@@ -179,6 +179,7 @@ def cmd_export(args):
             top_k=args.top_k,
             top_p=args.top_p,
             disable_unk=not args.allow_unk,
+            jit_compile=args.jit,
         )
     except ValueError as error:
         raise SystemExit(f"keras-transformer export: {error}") from None
@@ -383,6 +384,9 @@ def build_parser():
                         help="--search sample: nucleus mass in (0, 1] (1.0 = off); the export "
                         "adds a translate_seeded(text, seed) signature, one int64 seed per "
                         "sentence")
+    export.add_argument("--jit", action="store_true",
+                        help="compile the encoder and the search loop with XLA (faster; the "
+                        "model server must run with --xla_cpu_compilation_enabled=true)")
     export.add_argument("--allow-unk", action="store_true",
                         help="let the searches produce the UNK piece (never produced by default)")
     export.set_defaults(func=cmd_export)

@@ -299,10 +299,12 @@ def test_export_cli_sampling_flags_reach_the_translator(small_tokenizer, monkeyp
 
     model = tiny_model(small_tokenizer)
     written = {}
+    monkeypatch.setattr(cli, "_checkpoint_record", lambda run, requested: {
+        "checkpoint": requested, "checkpoint_path": f"{run}/{requested}"})
     monkeypatch.setattr(export_module, "load_run",
                         lambda run, checkpoint: (model, small_tokenizer, small_tokenizer, {}))
     monkeypatch.setattr(export_module, "export_translator",
-                        lambda translator, out, **kwargs: written.setdefault("t", translator))
+                        lambda translator, out, **kwargs: written.__setitem__("t", translator))
     base = ["export", "--model", "run", "--out", "out", "--max-input-length", str(TABLE),
             "--max-output-length", str(TABLE)]
     cli.main(base + ["--search", "sample", "--temperature", "0.7", "--top-k", "20",
@@ -312,6 +314,9 @@ def test_export_cli_sampling_flags_reach_the_translator(small_tokenizer, monkeyp
         == ("sample", 0.7, 20, 0.9, False)
     assert "translate_seeded" in written["t"].signatures()
     assert not cli.build_parser().parse_args(base).allow_unk  # UNK forbidden by default
+    assert not config.jit_compile  # XLA only on request: stock servers run without it
+    cli.main(base + ["--search", "greedy", "--jit"])
+    assert written["t"].config.jit_compile
     with pytest.raises(SystemExit, match="temperature"):
         cli.main(base + ["--search", "sample", "--temperature", "0"])
     with pytest.raises(SystemExit, match="top_p"):
