@@ -1,20 +1,27 @@
 """One training run end to end: data, tokenizers, model, `model.fit` under a strategy.
 
 The run directory layout is the contract with export (see `keras_transformer/export/run.py`):
-`config.json`, `tokenizer/`, `checkpoints/{last,best}.keras`, `logs/`, `backup/`,
-`model.keras`, `history.json`.
+`config.json`, `data_report.json`, `tokenizer/`, `checkpoints/{last,best}.keras`, `logs/`,
+`backup/`, `model.keras`, `history.json`.
 """
 
 import dataclasses
+import itertools
 import json
 import logging
 import pathlib
+import sys
 import time
 
 import keras
 import numpy as np
 
-from keras_transformer.data import compare_padding, load_multi30k, make_translation_dataset
+from keras_transformer.data import compare_padding, make_translation_dataset
+from keras_transformer.data.preparation import (
+    CACHE_MAX_PAIRS,
+    open_run_source,
+    prepare_data_report,
+)
 from keras_transformer.model import build_transformer
 from keras_transformer.text import load_tokenizers, train_tokenizers
 from keras_transformer.training.callbacks import BleuCallback, make_callbacks
@@ -67,6 +74,8 @@ def prepare_tokenizers(config, train_split, output_dir):
         vocab_size=config.vocab_size,
         shared=config.shared_vocabulary,
         output_dir=directory,
+        max_pairs=config.tokenizer_sample_pairs,
+        seed=config.seed,
     )
     print(f"Trained a {config.vocab_size}-piece {'shared' if config.shared_vocabulary else 'separate'}"
           f" SentencePiece vocabulary in {time.time() - started:.1f}s -> {directory}", flush=True)
@@ -103,8 +112,15 @@ def compile_model(model, config):
     return model
 
 
-def make_datasets(config, splits, source_tokenizer, target_tokenizer, replicas=1):
-    """The training and validation `tf.data` pipelines of a run."""
+def make_datasets(config, splits, source_tokenizer, target_tokenizer, replicas=1,
+                  data_report=None):
+    """The training and validation `tf.data` pipelines of a run.
+
+    With a `data_report` (see `keras_transformer.data.prepare_data_report`) over-long pairs
+    are dropped as the report counted them, each pass declares its number of batches (a
+    progress bar with a total), and the tokenized training set is cached in memory only
+    when it is small enough (`CACHE_MAX_PAIRS`).
+    """
     batching = dict(
         max_length=config.max_length,
         batch_size=config.batch_size or 64,
@@ -117,13 +133,24 @@ def make_datasets(config, splits, source_tokenizer, target_tokenizer, replicas=1
     train = splits["train"]
     if config.train_subset:
         train = train.take(config.train_subset)
+    counted = {}
+    if data_report is not None:
+        batching["drop_long"] = config.drop_long_pairs
+        counted = data_report.batches
     train_ds = make_translation_dataset(
         train, source_tokenizer, target_tokenizer, shuffle=True, seed=config.seed,
-        repeat=config.steps_per_epoch is not None, **batching,
+        repeat=config.steps_per_epoch is not None, num_batches=counted.get("train"),
+        cache=data_report is None or data_report.kept("train") <= CACHE_MAX_PAIRS,
+        **batching,
     )
-    val_ds = make_translation_dataset(
-        splits["validation"], source_tokenizer, target_tokenizer, shuffle=False, **batching
-    )
+    val_ds = None
+    if splits.get("validation") is not None:
+        val_ds = make_translation_dataset(
+            splits["validation"], source_tokenizer, target_tokenizer, shuffle=False,
+            num_batches=counted.get("validation"),
+            cache=data_report is None or data_report.kept("validation") <= CACHE_MAX_PAIRS,
+            **batching,
+        )
     return train, train_ds, val_ds
 
 
@@ -137,7 +164,12 @@ def train(
     report_padding=True,
     verbose="auto",
 ):
-    """Trains a Transformer on Multi30K with `model.fit` and writes a run directory.
+    """Trains a Transformer on the config's data source with `model.fit`; writes a run dir.
+
+    The data source is `config.data` (Multi30K, parallel files, TSV or a TFDS dataset, see
+    `keras_transformer.data.sources`). Before training, its files are checked, and a data
+    report (pairs read, kept, dropped and why; batches per epoch) is printed and saved as
+    `data_report.json`; the epoch's batch count gives the progress bar its total.
 
     Rerunning the same call after the process died resumes from the last completed epoch
     (`BackupAndRestore`): weights, optimizer state and epoch counter are restored, and the
@@ -146,7 +178,7 @@ def train(
     Args:
         config: `TrainingConfig`.
         output_dir: str or path-like, the run directory (created).
-        data_dir: TFDS data directory for the prepared dataset. Defaults to TFDS' own.
+        data_dir: TFDS data directory (for `tfds:<name>` data). Defaults to TFDS' own.
         local_dir: directory holding the raw Multi30K files; found automatically when
             `None` (see `keras_transformer.data.find_local_multi30k`).
         strategy: a `tf.distribute.Strategy` or a name for `select_strategy`
@@ -155,7 +187,9 @@ def train(
             -> translate_fn(list[str]) -> list[str]` for validation BLEU (the caller
             injects decoding, so training does not import it). `None` skips BLEU.
         report_padding: bool, print the padding fraction with and without bucketing.
-        verbose: Keras `fit` verbosity. Defaults to `"auto"` (the progress bar).
+        verbose: Keras `fit` verbosity. Defaults to `"auto"`: the progress bar on a
+            terminal, one line per epoch otherwise (no stream of `\r` and ANSI codes in a
+            log file).
 
     Returns:
         A `TrainingRun`.
@@ -168,17 +202,23 @@ def train(
     if isinstance(strategy, str):
         strategy = select_strategy(strategy)
     replicas = strategy.num_replicas_in_sync
+    source = open_run_source(config, local_dir=local_dir, tfds_dir=data_dir)
+    # A TFDS source may have chosen the languages: the run records the ones used.
+    config = config.replace(source_lang=source.source_lang, target_lang=source.target_lang)
     (output_dir / "config.json").write_text(json.dumps(config.to_dict(), indent=2))
 
-    splits = {
-        split: load_multi30k(split, data_dir=data_dir, local_dir=local_dir)
-        for split in ("train", "validation")
-    }
-    train_split = splits["train"].take(config.train_subset) if config.train_subset else splits["train"]
-    source_tokenizer, target_tokenizer = prepare_tokenizers(config, train_split, output_dir)
+    splits = {split: source.dataset(split) if split in source.splits() else None
+              for split in ("train", "validation")}
+    source_tokenizer, target_tokenizer = prepare_tokenizers(
+        config, itertools.islice(source.pairs("train"), config.train_subset), output_dir)
+    data_report = prepare_data_report(
+        source, config, source_tokenizer, target_tokenizer, output_dir, replicas)
+    print(data_report, flush=True)
     train_pairs, train_ds, val_ds = make_datasets(
-        config, splits, source_tokenizer, target_tokenizer, replicas
+        config, splits, source_tokenizer, target_tokenizer, replicas, data_report
     )
+    if verbose == "auto":
+        verbose = 1 if sys.stdout.isatty() else 2
     if report_padding:
         report = compare_padding(
             train_pairs, source_tokenizer, target_tokenizer, num_batches=30,
@@ -195,7 +235,7 @@ def train(
           f"{keras.config.dtype_policy().name}", flush=True)
 
     bleu_callback = None
-    if make_translate_fn is not None and config.bleu_sentences:
+    if make_translate_fn is not None and config.bleu_sentences and splits["validation"]:
         sources, references = _pairs(
             splits["validation"], config.source_lang, config.target_lang, config.bleu_sentences
         )
@@ -209,7 +249,7 @@ def train(
     callbacks = make_callbacks(
         str(output_dir),
         bleu_callback=bleu_callback,
-        best_monitor=None if bleu_callback else "val_loss",
+        best_monitor=None if bleu_callback else ("val_loss" if val_ds is not None else "loss"),
     )
     started = time.time()
     history = model.fit(
