@@ -49,6 +49,8 @@ _CHUNK_PAIRS = 512
 _VALIDATION_NAMES = ("validation", "valid", "val", "dev")
 # A language code inferred from a file name: `train.fr`, `train.fr.gz`, `news.pt_br.txt`.
 _LANG_SUFFIX = re.compile(r"^[A-Za-z]{2,3}([_-][A-Za-z]{2,4})?$")
+# File suffixes that look like a language code but are not one.
+_NOT_LANGUAGES = {"txt", "tsv", "csv", "tok", "raw", "src", "tgt", "ref", "out", "hyp"}
 
 
 def _canonical_split(split, names):
@@ -70,7 +72,9 @@ def language_from_path(path):
     if name.endswith(".gz"):
         name = name[: -len(".gz")]
     suffix = pathlib.Path(name).suffix.lstrip(".")
-    return suffix if _LANG_SUFFIX.match(suffix or "") else None
+    if suffix.lower() in _NOT_LANGUAGES or not _LANG_SUFFIX.match(suffix):
+        return None
+    return suffix
 
 
 class ParallelSource:
