@@ -36,7 +36,7 @@ def reservoir_sample(items, max_items, seed=0):
 
     Example:
 
-    >>> len(reservoir_sample(range(10**6), 1000))
+    >>> len(reservoir_sample(range(10**5), 1000))
     1000
     """
     rng = random.Random(seed)
