@@ -30,8 +30,8 @@ seconds.""")
 code("""import os
 
 # Parameters: about two minutes on 2 CPU cores.
-PAIRS = {"train": 4000, "val": 200, "test": 200}
-EPOCHS = 8
+PAIRS = {"train": 3000, "val": 200, "test": 200}
+EPOCHS = 10
 LAYERS = 2
 D_MODEL = 64
 WORK_DIR = "../runs/notebook03"
@@ -67,7 +67,7 @@ def sentence_pair(rng):
     french = [article, noun] + ([adjective] if adjective else []) + [verb] + ([adverb] if adverb else [])
     english = [ARTICLES[article]] + ([ADJECTIVES[adjective]] if adjective else []) + [NOUNS[noun], VERBS[verb]]
     english += [ADVERBS[adverb]] if adverb else []
-    return " ".join(french) + " .", " ".join(english) + " ."
+    return " ".join(french) + ".", " ".join(english) + "."
 
 
 shutil.rmtree(WORK_DIR, ignore_errors=True)
@@ -95,9 +95,10 @@ config = get_preset("tiny").replace(
     data="files",
     data_files={"train": files["train"], "validation": files["val"], "toy": files["test"]},
     source_lang="fr", target_lang="en",
-    vocab_size=300, d_model=D_MODEL, num_heads=4, ff_dim=4 * D_MODEL, num_layers=LAYERS,
-    max_length=24, batch_size=32, tokens_per_batch=None, train_subset=None,
-    steps_per_epoch=None, epochs=EPOCHS, warmup_steps=100, lr_scale=2.0, bleu_sentences=0,
+    # About 60 pieces beside the 256 byte pieces: every toy word is one piece.
+    vocab_size=320, d_model=D_MODEL, num_heads=4, ff_dim=4 * D_MODEL, num_layers=LAYERS,
+    max_length=24, batch_size=64, tokens_per_batch=None, train_subset=None,
+    steps_per_epoch=None, epochs=EPOCHS, warmup_steps=200, bleu_sentences=0,
     drop_long_pairs=True)
 run = train(config, os.path.join(WORK_DIR, "run"), report_padding=False, verbose=2)
 print(open(os.path.join(WORK_DIR, "run", "data_report.json")).read()[:400])""")
