@@ -218,7 +218,7 @@ def train(
         config, splits, source_tokenizer, target_tokenizer, replicas, data_report
     )
     if verbose == "auto":
-        verbose = 1 if sys.stdout.isatty() else 2
+        verbose = 1 if getattr(sys.stdout, "isatty", lambda: False)() else 2
     if report_padding:
         report = compare_padding(
             train_pairs, source_tokenizer, target_tokenizer, num_batches=30,
