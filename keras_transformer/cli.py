@@ -49,11 +49,65 @@ def _make_translate_fn(search, beam_size, alpha, max_output_length):
     return make
 
 
+def _split_files(paths, flag):
+    """`[SRC, TGT]` -> two absolute paths (parallel files); `[TSV]` -> one (TSV)."""
+    if len(paths) not in (1, 2):
+        raise SystemExit(f"{flag} takes SRC TGT (parallel files) or one TSV file, got {paths}.")
+    return [str(pathlib.Path(p).resolve()) for p in paths]
+
+
+def _data_overrides(args):
+    """Config overrides of train's data flags: `data`, `data_files`, languages."""
+    overrides = {}
+    if args.source_lang:
+        overrides["source_lang"] = args.source_lang
+    if args.target_lang:
+        overrides["target_lang"] = args.target_lang
+    data = args.data
+    if args.train:
+        files = {"train": _split_files(args.train, "--train")}
+        if args.valid:
+            files["validation"] = _split_files(args.valid, "--valid")
+        for test in args.test or []:
+            name, equals, paths = test.partition("=")
+            if not equals or not name:
+                raise SystemExit(f"--test expects NAME=SRC,TGT or NAME=TSV, got {test!r}.")
+            files[name] = _split_files(paths.split(","), "--test")
+        shapes = {len(paths) for paths in files.values()}
+        if len(shapes) != 1:
+            raise SystemExit("Give every split as SRC TGT files, or every split as one TSV.")
+        data = data or ("files" if shapes == {2} else "tsv")
+        if data not in ("files", "tsv"):
+            raise SystemExit(f"--train/--valid/--test go with --data files or tsv, not {data}.")
+        overrides["data_files"] = {k: v if data == "files" else v[0] for k, v in files.items()}
+        if data == "files":  # languages from the file names (train.fr) unless given
+            from keras_transformer.data.sources import language_from_path
+
+            for key, path in (("source_lang", files["train"][0]),
+                              ("target_lang", files["train"][1])):
+                overrides.setdefault(key, language_from_path(path))
+            if not (overrides["source_lang"] and overrides["target_lang"]):
+                raise SystemExit("Could not tell the languages from the file names: pass "
+                                 "--source-lang and --target-lang.")
+        elif not (args.source_lang and args.target_lang):
+            raise SystemExit("A TSV file does not say its languages: pass --source-lang and "
+                             "--target-lang.")
+    elif data in ("files", "tsv"):
+        raise SystemExit(f"--data {data} needs --train (and --valid) files.")
+    if data:
+        overrides["data"] = data
+        if data.startswith("tfds:"):  # languages from the dataset unless given
+            overrides.setdefault("source_lang", None)
+            overrides.setdefault("target_lang", None)
+    return overrides
+
+
 def _load_config(args):
     from keras_transformer.training import TrainingConfig, get_preset
 
     config = TrainingConfig.from_file(args.config) if args.config else get_preset(args.preset)
     overrides = _parse_overrides(args.set)
+    overrides.update(_data_overrides(args))
     if args.epochs is not None:
         overrides["epochs"] = args.epochs
     if args.mixed_precision is not None:
@@ -185,13 +239,19 @@ def cmd_export(args):
         raise SystemExit(f"keras-transformer export: {error}") from None
     checkpoint = _checkpoint_record(args.model, args.checkpoint)
     model, source_tokenizer, target_tokenizer, config = load_run(args.model, args.checkpoint)
+    direction = _data_spec(config)
     try:  # e.g. output lengths past a learned position table
-        translator = Translator(model, source_tokenizer, target_tokenizer, decoding)
+        translator = Translator(
+            model, source_tokenizer, target_tokenizer, decoding,
+            metadata={"source_lang": direction["source_lang"] or "",
+                      "target_lang": direction["target_lang"] or "", "data": direction["data"]},
+        )
     except ValueError as error:
         raise SystemExit(f"keras-transformer export: {error}") from None
     path = export_translator(
         translator, args.out, version=args.version,
-        metadata={"run_dir": str(args.model), **checkpoint, "training_config": config},
+        metadata={"run_dir": str(args.model), **checkpoint, "training_config": config,
+                  **direction},
     )
     search = f"beam {args.beam_size}" if args.search == "beam" else args.search
     print(f"Exported a {search} translator to {path}")
@@ -270,20 +330,53 @@ def _read_parallel(source_path, reference_path):
     return sources, references
 
 
-def cmd_evaluate(args):
+def _data_spec(record):
+    """The data source and direction in a run's config or an export's metadata record.
+
+    Exports from before the direction was recorded hold only the training config; their
+    data is Multi30K in the config's languages.
+    """
+    config = record.get("training_config") or record
+    return {key: record.get(key, config.get(key, default)) for key, default in (
+        ("data", "multi30k"), ("data_files", None), ("source_lang", "en"),
+        ("target_lang", "de"))}
+
+
+def _evaluation_pairs(args, metadata):
+    """`(sources, references, description)` that `evaluate` scores.
+
+    `--src/--ref` files, or the split `--split` of the data source the export was trained
+    on (any of its test sets, or `validation`), in the export's direction unless
+    `--source-lang/--target-lang` say otherwise.
+    """
     if args.src or args.ref:
         if not (args.src and args.ref):
             raise SystemExit("--src and --ref go together.")
         sources, references = _read_parallel(args.src, args.ref)
-    else:
-        from keras_transformer.data import load_multi30k
+        return sources, references, f"{args.src} -> {args.ref}"
+    from keras_transformer.data import open_source
 
-        split = {"test": "test_2016", "val": "validation"}.get(args.split, args.split)
-        sources, references = [], []
-        for example in load_multi30k(split, data_dir=args.tfds_dir,
-                                     local_dir=args.data_dir).as_numpy_iterator():
-            sources.append(example[args.source_lang].decode("utf-8"))
-            references.append(example[args.target_lang].decode("utf-8"))
+    spec = _data_spec(metadata)
+    spec["source_lang"] = args.source_lang or spec["source_lang"]
+    spec["target_lang"] = args.target_lang or spec["target_lang"]
+    source = open_source(**spec, local_dir=args.data_dir, tfds_dir=args.tfds_dir)
+    try:
+        split = source.resolve(args.split)
+    except ValueError as error:
+        raise SystemExit(str(error)) from error
+    pairs = list(source.pairs(split, keep_all=True))
+    return ([s for s, _ in pairs], [t for _, t in pairs],
+            f"{source.describe()} [{split}]")
+
+
+def cmd_evaluate(args):
+    from keras_transformer.export.inference import read_export_metadata
+
+    # The metadata file, not the SavedModel: bad input is refused before the model loads.
+    files_given = args.src or args.ref
+    sources, references, description = _evaluation_pairs(
+        args, {} if files_given else read_export_metadata(args.export))
+    print(f"Evaluating on {description}", flush=True)
     if args.limit:
         sources, references = sources[: args.limit], references[: args.limit]
     _translate_and_report(args, sources, references)
@@ -322,16 +415,36 @@ def build_parser():
     parser = argparse.ArgumentParser(prog="keras-transformer", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
 
-    train = sub.add_parser("train", help="train on Multi30K with model.fit")
+    train = sub.add_parser(
+        "train", help="train with model.fit on Multi30K, your parallel files, a TSV file or a "
+        "TFDS dataset", epilog="Data: --train SRC TGT --valid SRC TGT [--test NAME=SRC,TGT] "
+        "(plain or .gz, one sentence a line; languages from the names: train.fr train.en), or "
+        "--train TSV --valid TSV with --source-lang/--target-lang, or --data "
+        "tfds:ted_hrlr_translate/pt_to_en, or Multi30K (default) with --source-lang/"
+        "--target-lang among en, de, fr, cs.")
     train.add_argument("--preset", default="quick", help="tiny | quick | multi30k (default quick)")
     train.add_argument("--config", help="a JSON or YAML TrainingConfig file (overrides --preset)")
     train.add_argument("--set", nargs="*", metavar="KEY=VALUE", help="override config fields")
     train.add_argument("--epochs", type=int)
     train.add_argument("--output", required=True, help="run directory")
     train.add_argument("--overwrite", action="store_true", help="delete an existing run first")
+    train.add_argument("--data", help="data source: multi30k (default) | files | tsv | "
+                       "tfds:NAME (e.g. tfds:ted_hrlr_translate/pt_to_en); files/tsv are "
+                       "implied by --train")
+    train.add_argument("--train", nargs="+", metavar="FILE",
+                       help="training data: SRC TGT parallel files or one TSV file (.gz ok)")
+    train.add_argument("--valid", nargs="+", metavar="FILE",
+                       help="validation data, as --train")
+    train.add_argument("--test", action="append", metavar="NAME=SRC,TGT",
+                       help="a named test set for `evaluate --split NAME` (NAME=TSV for TSV);"
+                       " repeatable")
+    train.add_argument("--source-lang", help="source language code (default: from the file "
+                       "names, the TFDS dataset's supervised keys, or en for Multi30K)")
+    train.add_argument("--target-lang", help="target language code (as --source-lang; "
+                       "Multi30K default de)")
     train.add_argument("--data-dir", help="directory with the raw Multi30K files "
                        "(default: $KERAS_TRANSFORMER_MULTI30K_DIR or ../shared/data/multi30k)")
-    train.add_argument("--tfds-dir", help="TFDS data_dir for the prepared dataset")
+    train.add_argument("--tfds-dir", help="TFDS data_dir (for --data tfds:NAME)")
     train.add_argument("--mixed-precision", choices=sorted(PRECISIONS))
     train.add_argument("--strategy", default="auto",
                        choices=["auto", "default", "mirrored", "multi_worker"])
@@ -406,13 +519,15 @@ def build_parser():
 
     evaluate = sub.add_parser("evaluate", help="BLEU and chrF of an export")
     evaluate.add_argument("--export", required=True)
-    evaluate.add_argument("--split", default="test", help="test | validation (Multi30K)")
+    evaluate.add_argument("--split", default="test", help="a test set of the data source the "
+                          "export was trained on (e.g. test_2017_flickr, a --test NAME), "
+                          "validation, or test (its first test set)")
     evaluate.add_argument("--src", help="source file (with --ref instead of --split)")
     evaluate.add_argument("--ref", help="reference file")
-    evaluate.add_argument("--source-lang", default="en")
-    evaluate.add_argument("--target-lang", default="de")
-    evaluate.add_argument("--data-dir")
-    evaluate.add_argument("--tfds-dir")
+    evaluate.add_argument("--source-lang", help="default: the export's source language")
+    evaluate.add_argument("--target-lang", help="default: the export's target language")
+    evaluate.add_argument("--data-dir", help="directory with the raw Multi30K files")
+    evaluate.add_argument("--tfds-dir", help="TFDS data_dir of a tfds:NAME source")
     evaluate.add_argument("--signature", default="translate")
     evaluate.add_argument("--batch-size", type=int, default=64)
     evaluate.add_argument("--limit", type=int, help="only the first N sentences")

@@ -1,4 +1,17 @@
-"""TFDS builder for Multi30K task 1 (English-German image descriptions).
+"""Multi30K task 1: every language (en, de, fr, cs), every published test set, and the
+TFDS builder of the original English-German splits.
+
+`multi30k_split_files(source_lang, target_lang, split, local_dir)` finds (or downloads and
+verifies) the raw files of one split in any direction; `Multi30kSource` in
+`keras_transformer.data.sources` streams them for training. The TFDS builder `Multi30k`
+(and `load_multi30k`) keeps serving the original En-De splits.
+
+`checksums.tsv` records the URL, size and SHA-256 of all 22 raw files of task 1 (train, val
+and the four test sets in each language that has them). The en/de files were checked
+against the local copy in `shared/data/multi30k`; the fr/cs files and the 2017/2018 test
+sets were hashed from the `multi30k/dataset` repository (commit a3d2e0d, the raw files are
+unchanged since 2018) and are verified on download. A file without a checksum entry is
+refused rather than used unverified.
 
 Where there is internet the raw files are downloaded from the `multi30k/dataset`
 repository and verified against `checksums.tsv` (next to this file). Where there is none
@@ -67,6 +80,153 @@ one of:
 
 class Multi30kNotFoundError(FileNotFoundError):
     """No local copy of Multi30K was found and the files could not be downloaded."""
+
+
+# Every language of task 1.
+ALL_LANGUAGES = ("en", "de", "fr", "cs")
+# Published test sets -> the languages they exist in (test_2017_* were never made in Czech).
+TEST_SETS = {
+    "test_2016_flickr": ("en", "de", "fr", "cs"),
+    "test_2017_flickr": ("en", "de", "fr"),
+    "test_2017_mscoco": ("en", "de", "fr"),
+    "test_2018_flickr": ("en", "de", "fr", "cs"),
+}
+# Split name -> file stem, for every split of `multi30k_split_files`.
+ALL_SPLIT_FILES = {"train": "train", "validation": "val", **{t: t for t in TEST_SETS}}
+# Short names accepted for the same splits.
+SPLIT_ALIASES = {
+    "val": "validation", "valid": "validation", "dev": "validation",
+    "test": "test_2016_flickr", "test_2016": "test_2016_flickr",
+    "test_2017": "test_2017_flickr", "test_2018": "test_2018_flickr",
+}
+# Where downloaded files are kept when there is no local copy.
+CACHE_ENV_VAR = "KERAS_TRANSFORMER_CACHE"
+_DEFAULT_CACHE = pathlib.Path("~", ".cache", "keras_transformer", "multi30k")
+
+
+def _read_checksums():
+    """`{file name: (size, sha256)}` from `checksums.tsv` next to this module."""
+    table = {}
+    for line in (pathlib.Path(__file__).with_name("checksums.tsv")).read_text().splitlines():
+        if line.strip():
+            _url, size, sha256, name = line.split("\t")
+            table[name] = (int(size), sha256)
+    return table
+
+
+def multi30k_splits(source_lang, target_lang):
+    """The split names that exist for a language pair: train, validation, its test sets."""
+    for lang in (source_lang, target_lang):
+        if lang not in ALL_LANGUAGES:
+            raise ValueError(
+                f"Multi30K task 1 has languages {ALL_LANGUAGES}, got {lang!r}."
+            )
+    tests = [t for t, langs in TEST_SETS.items() if {source_lang, target_lang} <= set(langs)]
+    return ["train", "validation", *tests]
+
+
+def _cache_dir():
+    base = os.environ.get(CACHE_ENV_VAR)
+    return (pathlib.Path(base) / "multi30k" if base else _DEFAULT_CACHE).expanduser()
+
+
+def _candidate_dirs(local_dir):
+    """Directories searched for raw files, in order (an explicit one alone)."""
+    if local_dir:
+        return [pathlib.Path(local_dir)]
+    dirs = [pathlib.Path(os.environ[ENV_VAR])] if os.environ.get(ENV_VAR) else []
+    dirs += [root / _SHARED_RELATIVE_PATH for root in _search_roots()]
+    return dirs + [_cache_dir()]
+
+
+def _download_verified(name, directory, checksums):
+    """Downloads one raw file into `directory`, verifying its size and SHA-256."""
+    import hashlib
+    import urllib.request
+
+    size, sha256 = checksums[name]
+    directory.mkdir(parents=True, exist_ok=True)
+    with urllib.request.urlopen(_BASE_URL + name, timeout=60) as response:
+        data = response.read()
+    if len(data) != size or hashlib.sha256(data).hexdigest() != sha256:
+        raise Multi30kNotFoundError(
+            f"Downloaded {name} does not match checksums.tsv (size {len(data)} vs {size})."
+        )
+    partial = directory / f".{name}.partial"
+    partial.write_bytes(data)
+    os.replace(partial, directory / name)
+    return directory / name
+
+
+def multi30k_split_files(source_lang, target_lang, split, local_dir=None):
+    """The source and target raw files of one Multi30K split, local copy first.
+
+    Each file is looked for in `local_dir` when given (only there), else in
+    `$KERAS_TRANSFORMER_MULTI30K_DIR`, `shared/data/multi30k` upwards from the repository and
+    the cwd, and the download cache (`$KERAS_TRANSFORMER_CACHE/multi30k` or
+    `~/.cache/keras_transformer/multi30k`). Missing files are downloaded into the cache
+    where there is internet and verified against `checksums.tsv`.
+
+    Args:
+        source_lang: str, one of `en`, `de`, `fr`, `cs`.
+        target_lang: str, another of them.
+        split: str, `train`, `validation` or a test set of `TEST_SETS` (short names of
+            `SPLIT_ALIASES` too: `val`, `test` = `test_2016_flickr`, `test_2017`...).
+        local_dir: str or path-like or None, the only directory to look in.
+
+    Returns:
+        `(source_path, target_path)`, two `pathlib.Path`s.
+
+    Raises:
+        ValueError: a language or split Multi30K does not have (e.g. `test_2017_mscoco`
+            in Czech).
+        Multi30kNotFoundError: files missing offline; the message names every missing file
+            and where to put it.
+
+    Example:
+
+    >>> multi30k_split_files("fr", "en", "test_2017_mscoco")  # doctest: +SKIP
+    (PosixPath('.../test_2017_mscoco.fr.gz'), PosixPath('.../test_2017_mscoco.en.gz'))
+    """
+    split = SPLIT_ALIASES.get(split, split)
+    available = multi30k_splits(source_lang, target_lang)
+    if split not in available:
+        raise ValueError(
+            f"Multi30K has no split {split!r} for {source_lang}-{target_lang}; it has "
+            f"{available}."
+        )
+    names = [f"{ALL_SPLIT_FILES[split]}.{lang}.gz" for lang in (source_lang, target_lang)]
+    directories = _candidate_dirs(local_dir)
+    found, missing = [], []
+    for name in names:
+        path = next((d / name for d in directories if (d / name).is_file()), None)
+        (found if path else missing).append(path or name)
+    download_error = None
+    if missing and not local_dir and _network_available():
+        checksums = _read_checksums()
+        unverifiable = [n for n in missing if n not in checksums]
+        if unverifiable:
+            download_error = f"no checksum recorded for {unverifiable}"
+        else:
+            try:
+                found += [_download_verified(n, _cache_dir(), checksums) for n in missing]
+                missing = []
+            except OSError as error:
+                download_error = error
+    if missing:
+        where = f"the given directory {local_dir}" if local_dir else (
+            f"one of: ${ENV_VAR}, shared/data/multi30k next to the repository, or "
+            f"{_cache_dir()}")
+        raise Multi30kNotFoundError(
+            f"Multi30K {split} {source_lang}-{target_lang}: missing file(s) "
+            f"{', '.join(map(str, missing))} (looked in "
+            f"{', '.join(str(d) for d in directories)}) and they could not be downloaded"
+            + (f" ({download_error})" if download_error else "")
+            + f". Download them from {_BASE_URL} (unmodified .gz files) and put them in "
+            f"{where}."
+        )
+    by_name = {p.name: p for p in found}
+    return by_name[names[0]], by_name[names[1]]
 
 
 def _file_names(languages=LANGUAGES):

@@ -7,7 +7,15 @@ Each pair becomes (Vaswani et al., 2017, with the shift right of teacher forcing
 * `labels = target_ids + [END]`,
 
 all int32 and padded with `PAD_ID = 0`. Truncation keeps the first `max_length - 1` text
-ids, so each of the three sequences, special token included, fits `max_length`.
+ids, so each of the three sequences, special token included, fits `max_length`; with
+`drop_long=True` (what the trainer uses for training and validation loss) pairs with more
+than `max_length - 1` ids on either side are dropped instead, as most toolkits do: a cut
+target followed by END would teach the model to stop mid-sentence.
+
+The pipeline streams: nothing needs the whole corpus in memory unless `cache=True`, and the
+shuffle buffer and the length buckets hold a bounded number of examples. When the number of
+batches of one pass is known (`count_batches`), `num_batches` declares it to tf.data, so
+Keras' progress bar has a total and no "ran out of data" warning.
 """
 
 import dataclasses
@@ -49,6 +57,56 @@ def default_bucket_boundaries(max_length, min_length=8, growth=1.25):
     return boundaries
 
 
+def batch_plan(max_length, batch_size=64, tokens_per_batch=None, bucket_boundaries=None,
+               batch_multiple=1):
+    """How `make_translation_dataset` batches: `(boundaries, batch sizes)`.
+
+    Returns:
+        `(boundaries, sizes)`: `boundaries` is a list of bucket edges (empty without
+        bucketing) and `sizes` one batch size per bucket (one size without bucketing).
+    """
+    if tokens_per_batch is not None and bucket_boundaries is None:
+        bucket_boundaries = default_bucket_boundaries(max_length)
+    if bucket_boundaries:
+        boundaries = list(bucket_boundaries)
+        return boundaries, _bucket_batch_sizes(
+            boundaries, max_length, batch_size, tokens_per_batch, batch_multiple)
+    return [], [max(batch_multiple, batch_size // batch_multiple * batch_multiple)]
+
+
+def count_batches(lengths, boundaries, sizes, drop_remainder=False):
+    """Batches of one pass, from the example lengths alone (the order does not matter).
+
+    Each bucket of `bucket_by_sequence_length` (or the single `padded_batch`) emits
+    `ceil(n / size)` batches for its `n` examples (`floor` with `drop_remainder`), whatever
+    the shuffle, so one counting pass gives the exact epoch length.
+
+    Args:
+        lengths: array-like of int, `max(len(encoder_tokens), len(decoder_tokens))` per
+            example.
+        boundaries: list of int, bucket edges (`[]` for no bucketing).
+        sizes: list of int, batch size per bucket.
+        drop_remainder: bool, as in `make_translation_dataset`.
+
+    Returns:
+        int, the number of batches.
+
+    Example:
+
+    >>> count_batches([3, 4, 9, 9, 9], [8], [2, 2])
+    3
+    """
+    import numpy as np
+
+    lengths = np.asarray(lengths, dtype=np.int64)
+    # bucket i holds lengths in [b[i-1], b[i]), as in `bucket_by_sequence_length`.
+    buckets = np.searchsorted(np.asarray(boundaries, dtype=np.int64), lengths, side="right")
+    counts = np.bincount(buckets, minlength=len(sizes))
+    if drop_remainder:
+        return int(sum(n // size for n, size in zip(counts, sizes)))
+    return int(sum(-(-n // size) for n, size in zip(counts, sizes)))
+
+
 def _bucket_batch_sizes(boundaries, max_length, batch_size, tokens_per_batch, batch_multiple):
     """Batch size per bucket: constant, or about `tokens_per_batch` tokens per batch."""
     sizes = []
@@ -77,6 +135,8 @@ def make_translation_dataset(
     repeat=False,
     batch_multiple=1,
     cache=True,
+    drop_long=False,
+    num_batches=None,
 ):
     """Builds `({"encoder_tokens", "decoder_tokens"}, labels)` batches from sentence pairs.
 
@@ -116,7 +176,13 @@ def make_translation_dataset(
         repeat: bool, repeat forever (for `steps_per_epoch`). Defaults to `False`.
         batch_multiple: int, batch sizes are multiples of it. Defaults to `1`.
         cache: bool, keep the tokenized examples in memory after the first pass so
-            later epochs skip tokenization. Defaults to `True`.
+            later epochs skip tokenization. Defaults to `True`; pass `False` for corpora
+            that do not fit in memory.
+        drop_long: bool, drop pairs with more than `max_length - 1` ids on either side
+            instead of truncating them. Defaults to `False` (truncate).
+        num_batches: int or None, the number of batches of one pass (`count_batches`),
+            declared with `assert_cardinality` (tf.data raises if it is wrong). Defaults
+            to `None` (unknown).
 
     Returns:
         A `tf.data.Dataset` of `({"encoder_tokens": int32 (B, S), "decoder_tokens":
@@ -134,12 +200,14 @@ def make_translation_dataset(
     if batch_multiple < 1:
         raise ValueError(f"batch_multiple must be positive, got {batch_multiple}.")
 
+    # Dropping needs the full lengths; truncating cuts text to max_length - 1 ids, leaving
+    # room for one special token per sequence.
+    limit = None if drop_long else max_length
+
     def tokenize(pairs):
-        # One special token per sequence, so text is cut to max_length - 1 ids.
-        encoder = source_tokenizer.tokenize(
-            pairs[source_lang], max_length=max_length, add_end=True
-        )
-        target = target_tokenizer.tokenize(pairs[target_lang], max_length=max_length - 1)
+        encoder = source_tokenizer.tokenize(pairs[source_lang], max_length=limit, add_end=True)
+        target = target_tokenizer.tokenize(
+            pairs[target_lang], max_length=None if limit is None else limit - 1)
         decoder = tf.concat(
             [tf.RaggedTensor.from_tensor(tf.fill([target.nrows(), 1], START_ID)), target], axis=1
         )
@@ -160,8 +228,10 @@ def make_translation_dataset(
         ds.batch(_TOKENIZE_CHUNK)
         .map(tokenize, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
         .unbatch()
-        .map(trim, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
     )
+    if drop_long:
+        examples = examples.filter(lambda padded, lengths: tf.reduce_max(lengths) <= max_length)
+    examples = examples.map(trim, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
     if cache:
         examples = examples.cache()
     if shuffle:
@@ -172,30 +242,28 @@ def make_translation_dataset(
         {"encoder_tokens": PAD_ID, "decoder_tokens": PAD_ID},
         PAD_ID,
     )
-    if tokens_per_batch is not None and bucket_boundaries is None:
-        bucket_boundaries = default_bucket_boundaries(max_length)
+    bucket_boundaries, sizes = batch_plan(
+        max_length, batch_size, tokens_per_batch, bucket_boundaries, batch_multiple)
     if bucket_boundaries:
-        sizes = _bucket_batch_sizes(
-            list(bucket_boundaries), max_length, batch_size, tokens_per_batch, batch_multiple
-        )
         batches = examples.bucket_by_sequence_length(
             element_length_func=lambda inputs, labels: tf.maximum(
                 tf.shape(inputs["encoder_tokens"])[0], tf.shape(inputs["decoder_tokens"])[0]
             ),
-            bucket_boundaries=list(bucket_boundaries),
+            bucket_boundaries=bucket_boundaries,
             bucket_batch_sizes=sizes,
             padded_shapes=padded_shapes,
             padding_values=padding_values,
             drop_remainder=drop_remainder,
         )
     else:
-        size = max(batch_multiple, batch_size // batch_multiple * batch_multiple)
         batches = examples.padded_batch(
-            size,
+            sizes[0],
             padded_shapes=padded_shapes,
             padding_values=padding_values,
             drop_remainder=drop_remainder,
         )
+    if num_batches is not None:
+        batches = batches.apply(tf.data.experimental.assert_cardinality(num_batches))
     if repeat:
         batches = batches.repeat()
     return batches.prefetch(tf.data.AUTOTUNE)
@@ -266,7 +334,9 @@ def compare_padding(ds, source_tokenizer, target_tokenizer, num_batches=50, **kw
     >>> print(compare_padding(train_pairs, tok, tok, tokens_per_batch=4096, seed=0))
     padding: 38.5% of tokens without bucketing, 7.9% with bucketing (first 50 batches)
     """
-    kwargs = dict(kwargs, repeat=False)
+    # No cache: only `num_batches` batches are read, and a partly read cache is discarded
+    # with a warning.
+    kwargs = dict(kwargs, repeat=False, cache=False, num_batches=None)
     if kwargs.get("bucket_boundaries") is None and kwargs.get("tokens_per_batch") is None:
         kwargs["bucket_boundaries"] = default_bucket_boundaries(kwargs.get("max_length", 128))
     plain = dict(kwargs, bucket_boundaries=None, tokens_per_batch=None)

@@ -39,6 +39,21 @@ def _as_bytes(sentence):
     raise TypeError(f"Expected str or bytes sentences, got {type(sentence).__name__}.")
 
 
+def read_export_metadata(path):
+    """The record `export_translator` wrote (`assets.extra/translator.json`), without loading
+    the SavedModel.
+
+    Args:
+        path: str or path-like, a SavedModel or a base directory of versions (its highest
+            version is read).
+
+    Returns:
+        dict, `{}` when the export has no record.
+    """
+    record = latest_version_dir(path) / METADATA_PATH
+    return json.loads(record.read_text()) if record.is_file() else {}
+
+
 class ExportedTranslator:
     """An exported translator loaded for inference in Python.
 
@@ -82,8 +97,7 @@ class ExportedTranslator:
     @property
     def metadata(self):
         """dict, the record `export_translator` wrote (decoding settings...), `{}` if none."""
-        record = self.path / METADATA_PATH
-        return json.loads(record.read_text()) if record.is_file() else {}
+        return read_export_metadata(self.path)
 
     def translate(self, sentences, batch_size=64, sort_buffer_batches=SORT_BUFFER_BATCHES,
                   on_batch=None):

@@ -155,6 +155,11 @@ class Translator(tf.Module):
         source_tokenizer: `SubwordTokenizer` of the source language.
         target_tokenizer: `SubwordTokenizer` of the target language (may be the same).
         config: `DecodingConfig`. Defaults to beam search with 4 beams, alpha 0.6.
+        metadata: dict of str -> str or None, facts the export answers with its
+            `metadata` signature (no input; one scalar string per key), e.g.
+            `{"source_lang": "fr", "target_lang": "en", "data": "files"}`: the direction
+            travels with the model and TF Serving clients can ask for it. Defaults to
+            `None` (empty `source_lang`/`target_lang`).
 
     Raises:
         ValueError: when the model has learned positions and `config.max_input_length` or
@@ -165,7 +170,7 @@ class Translator(tf.Module):
     >>> translator.translate(tf.constant(["A dog runs."]))["translation"]
     """
 
-    def __init__(self, model, source_tokenizer, target_tokenizer, config=None):
+    def __init__(self, model, source_tokenizer, target_tokenizer, config=None, metadata=None):
         super().__init__(name="translator")
         # The Keras model is kept out of the SavedModel's object graph (behind the plain
         # `TransformerParts`); only its raw `tf.Variable`s are tracked, as Keras'
@@ -206,6 +211,11 @@ class Translator(tf.Module):
                 input_signature=[TEXT_SPEC, SEED_SPEC],
                 autograph=False,
             )
+        self.metadata_values = {"source_lang": "", "target_lang": "", **(metadata or {})}
+        self.metadata = tf.function(
+            lambda: {k: tf.constant(str(v)) for k, v in self.metadata_values.items()},
+            input_signature=[], autograph=False,
+        )
 
     def _translate(self, text, search, seeds=None):
         text = tf.reshape(text, [-1])
@@ -297,7 +307,8 @@ class Translator(tf.Module):
         unless that search is greedy; `translate_seeded(text, seed)` for a sampling export.
         """
         translate = self.translate.get_concrete_function()
-        signatures = {"serving_default": translate, "translate": translate}
+        signatures = {"serving_default": translate, "translate": translate,
+                      "metadata": self.metadata.get_concrete_function()}
         if self.config.search != "greedy":
             signatures["translate_greedy"] = self.translate_greedy.get_concrete_function()
         if self.config.search == "sample":

@@ -1,6 +1,7 @@
 """Source and target tokenizers for a language pair: shared vocabulary or one each."""
 
 import pathlib
+import random
 
 from keras_transformer.text.sentencepiece_trainer import train_sentencepiece
 from keras_transformer.text.subword_tokenizer import MODEL_FILENAME, SubwordTokenizer
@@ -18,12 +19,49 @@ def _as_str(value):
     return str(value)
 
 
-def _split_pairs(pairs, src_lang, tgt_lang):
-    """Returns (source sentences, target sentences) as two lists of str."""
+def reservoir_sample(items, max_items, seed=0):
+    """A uniform random sample of at most `max_items` items, in one pass over `items`.
+
+    Reservoir sampling (Vitter's algorithm R): memory holds `max_items` items whatever the
+    length of the stream. With fewer items than `max_items` every item is returned, in
+    order.
+
+    Args:
+        items: any iterable.
+        max_items: int, the sample size.
+        seed: int, seed of the sample. Defaults to `0`.
+
+    Returns:
+        list, the sample.
+
+    Example:
+
+    >>> len(reservoir_sample(range(10**5), 1000))
+    1000
+    """
+    rng = random.Random(seed)
+    reservoir = []
+    for index, item in enumerate(items):
+        if index < max_items:
+            reservoir.append(item)
+        else:
+            slot = rng.randint(0, index)
+            if slot < max_items:
+                reservoir[slot] = item
+    return reservoir
+
+
+def _split_pairs(pairs, src_lang, tgt_lang, max_pairs=None, seed=0):
+    """Returns (source sentences, target sentences) as two lists of str.
+
+    With `max_pairs`, a uniform sample of at most that many pairs (one streaming pass).
+    """
     if hasattr(pairs, "as_numpy_iterator"):  # tf.data.Dataset of {lang: string}
         pairs = pairs.as_numpy_iterator()
     elif isinstance(pairs, dict):  # {lang: list of sentences}
-        return [_as_str(s) for s in pairs[src_lang]], [_as_str(s) for s in pairs[tgt_lang]]
+        pairs = zip(pairs[src_lang], pairs[tgt_lang])
+    if max_pairs:
+        pairs = reservoir_sample(pairs, max_pairs, seed)
     sources, targets = [], []
     for pair in pairs:
         if isinstance(pair, dict):
@@ -42,6 +80,8 @@ def train_tokenizers(
     vocab_size=8000,
     shared=True,
     output_dir=".",
+    max_pairs=None,
+    seed=0,
     **sentencepiece_options,
 ):
     """Trains the tokenizers of a language pair and saves their `.model` files.
@@ -61,6 +101,11 @@ def train_tokenizers(
         vocab_size: int, pieces per vocabulary. Defaults to `8000`.
         shared: bool, one vocabulary for both languages. Defaults to `True`.
         output_dir: str or path-like, created if missing. Defaults to `"."`.
+        max_pairs: int or None, train on a uniform random sample of at most this many
+            pairs, drawn in one streaming pass (reservoir sampling), so a corpus of
+            millions of pairs costs only the sample in memory and in SentencePiece's
+            training time. Defaults to `None` (every pair).
+        seed: int, seed of the sample. Defaults to `0`.
         **sentencepiece_options: passed on to `train_sentencepiece`.
 
     Returns:
@@ -75,7 +120,7 @@ def train_tokenizers(
     True
     """
     output_dir = pathlib.Path(output_dir)
-    sources, targets = _split_pairs(pairs, src_lang, tgt_lang)
+    sources, targets = _split_pairs(pairs, src_lang, tgt_lang, max_pairs, seed)
     if shared:
         path = train_sentencepiece(
             sources + targets, output_dir / MODEL_FILENAME, vocab_size, **sentencepiece_options

@@ -54,8 +54,27 @@ class TrainingConfig:
     )
 
     # Data.
-    source_lang: str = _field("en", "Source language code of the Multi30K pair.")
-    target_lang: str = _field("de", "Target language code of the Multi30K pair.")
+    data: str = _field(
+        "multi30k", "Data source: 'multi30k', 'files' (parallel text files), 'tsv' "
+        "(source<TAB>target) or 'tfds:<name>' (any TFDS translation dataset)."
+    )
+    data_files: dict | None = _field(
+        None, "Files of 'files'/'tsv' by split: {split: [source, target]} or {split: tsv}; "
+        "'train' required, 'validation' optional, other names are test sets."
+    )
+    source_lang: str | None = _field(
+        "en", "Source language code (Multi30K: en, de, fr or cs; files: a suffix such as "
+        "train.fr; TFDS: a feature key, None = its supervised keys)."
+    )
+    target_lang: str | None = _field("de", "Target language code (see source_lang).")
+    tokenizer_sample_pairs: int = _field(
+        500_000, "The vocabulary is trained on a uniform sample of at most this many training "
+        "pairs (reservoir sampling in one pass), so its memory and time are bounded."
+    )
+    drop_long_pairs: bool = _field(
+        True, "Drop training/validation pairs longer than max_length tokens on either side "
+        "(counted in the data report) instead of truncating them."
+    )
     max_length: int = _field(
         64, "Maximum tokens per sequence incl. START/END (the data pipeline truncates "
         "longer ones); also the positional table size and the decoding length bound."
@@ -133,6 +152,16 @@ class TrainingConfig:
             raise ValueError(
                 "Set exactly one of `tokens_per_batch` and `batch_size`. Received: "
                 f"tokens_per_batch={self.tokens_per_batch}, batch_size={self.batch_size}"
+            )
+        if self.data not in ("multi30k", "files", "tsv") and not self.data.startswith("tfds:"):
+            raise ValueError(
+                "`data` must be 'multi30k', 'files', 'tsv' or 'tfds:<name>'. Received: "
+                f"{self.data!r}"
+            )
+        if self.data in ("files", "tsv") and not (self.data_files or {}).get("train"):
+            raise ValueError(
+                f"`data={self.data!r}` needs `data_files` with a 'train' entry. Received: "
+                f"{self.data_files!r}"
             )
         if self.precision not in PRECISIONS:
             raise ValueError(
@@ -226,6 +255,8 @@ PRESETS = {
         num_layers=1,
         dropout=0.0,
         max_length=16,
+        # Smoke runs keep every pair: most Multi30K sentences exceed 16 tokens.
+        drop_long_pairs=False,
         tokens_per_batch=None,
         batch_size=8,
         train_subset=1000,

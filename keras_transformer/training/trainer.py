@@ -1,23 +1,30 @@
 """One training run end to end: data, tokenizers, model, `model.fit` under a strategy.
 
 The run directory layout is the contract with export (see `keras_transformer/export/run.py`):
-`config.json`, `tokenizer/`, `checkpoints/{last,best}.keras` (and
+`config.json`, `data_report.json`, `tokenizer/`, `checkpoints/{last,best}.keras` (and
 `checkpoints/epoch-NNN.weights.npz` with `keep_checkpoints`), `logs/`, `backup/` (while
 training), `model.keras`, `history.json` (every epoch's logs and time, over all attempts).
 """
 
 import dataclasses
+import itertools
 import json
 import logging
 import pathlib
 import shutil
+import sys
 import time
 
 import keras
 import numpy as np
 import tensorflow as tf
 
-from keras_transformer.data import compare_padding, load_multi30k, make_translation_dataset
+from keras_transformer.data import compare_padding, make_translation_dataset
+from keras_transformer.data.preparation import (
+    CACHE_MAX_PAIRS,
+    open_run_source,
+    prepare_data_report,
+)
 from keras_transformer.model import build_transformer
 from keras_transformer.text import load_tokenizers, train_tokenizers
 from keras_transformer.training.callbacks import (
@@ -85,6 +92,8 @@ def prepare_tokenizers(config, train_split, output_dir):
         vocab_size=config.vocab_size,
         shared=config.shared_vocabulary,
         output_dir=directory,
+        max_pairs=config.tokenizer_sample_pairs,
+        seed=config.seed,
     )
     print(f"Trained a {config.vocab_size}-piece {'shared' if config.shared_vocabulary else 'separate'}"
           f" SentencePiece vocabulary in {time.time() - started:.1f}s -> {directory}", flush=True)
@@ -122,8 +131,15 @@ def compile_model(model, config):
     return model
 
 
-def make_datasets(config, splits, source_tokenizer, target_tokenizer, replicas=1):
-    """The training and validation `tf.data` pipelines of a run."""
+def make_datasets(config, splits, source_tokenizer, target_tokenizer, replicas=1,
+                  data_report=None):
+    """The training and validation `tf.data` pipelines of a run.
+
+    With a `data_report` (see `keras_transformer.data.prepare_data_report`) over-long pairs
+    are dropped as the report counted them, each pass declares its number of batches (a
+    progress bar with a total), and the tokenized training set is cached in memory only
+    when it is small enough (`CACHE_MAX_PAIRS`).
+    """
     batching = dict(
         max_length=config.max_length,
         batch_size=config.batch_size or 64,
@@ -136,13 +152,24 @@ def make_datasets(config, splits, source_tokenizer, target_tokenizer, replicas=1
     train = splits["train"]
     if config.train_subset:
         train = train.take(config.train_subset)
+    counted = {}
+    if data_report is not None:
+        batching["drop_long"] = config.drop_long_pairs
+        counted = data_report.batches
     train_ds = make_translation_dataset(
         train, source_tokenizer, target_tokenizer, shuffle=True, seed=config.seed,
-        repeat=config.steps_per_epoch is not None, **batching,
+        repeat=config.steps_per_epoch is not None, num_batches=counted.get("train"),
+        cache=data_report is None or data_report.kept("train") <= CACHE_MAX_PAIRS,
+        **batching,
     )
-    val_ds = make_translation_dataset(
-        splits["validation"], source_tokenizer, target_tokenizer, shuffle=False, **batching
-    )
+    val_ds = None
+    if splits.get("validation") is not None:
+        val_ds = make_translation_dataset(
+            splits["validation"], source_tokenizer, target_tokenizer, shuffle=False,
+            num_batches=counted.get("validation"),
+            cache=data_report is None or data_report.kept("validation") <= CACHE_MAX_PAIRS,
+            **batching,
+        )
     return train, train_ds, val_ds
 
 
@@ -218,13 +245,17 @@ def epoch_seed(seed, epoch):
 
 
 def make_epoch_train_dataset(config, train_pairs, source_tokenizer, target_tokenizer,
-                             replicas=1, initial_epoch=0):
+                             replicas=1, initial_epoch=0, data_report=None):
     """Training batches of epochs `initial_epoch, ..., config.epochs - 1`, back to back.
 
     Epoch `e` is the pipeline shuffled with `epoch_seed(config.seed, e)`: the batches of
     an epoch do not depend on which process trains it, so a resumed or continued run sees
     exactly the batches an uninterrupted one does. With `config.steps_per_epoch` each
     epoch is that many batches (its data repeated if needed); otherwise one pass.
+
+    With a `data_report` (see `keras_transformer.data.prepare_data_report`) over-long pairs
+    are dropped as the report counted them and its batch count is the epoch's length;
+    without one, the batches of one pass are counted here.
 
     Returns:
         `(dataset, steps_per_epoch)`; pass both to `fit`.
@@ -238,6 +269,8 @@ def make_epoch_train_dataset(config, train_pairs, source_tokenizer, target_token
         source_lang=config.source_lang,
         target_lang=config.target_lang,
     )
+    if data_report is not None:
+        batching["drop_long"] = config.drop_long_pairs
 
     def one_epoch(epoch):
         return make_translation_dataset(
@@ -249,6 +282,8 @@ def make_epoch_train_dataset(config, train_pairs, source_tokenizer, target_token
         )
 
     steps = config.steps_per_epoch
+    if steps is None and data_report is not None:
+        steps = data_report.batches["train"]
     if steps is None:
         # The number of batches does not depend on the order: every length bucket
         # yields ceil(its examples / its batch size) batches, so one count holds for
@@ -276,7 +311,12 @@ def train(
     verbose="auto",
     callbacks=None,
 ):
-    """Trains a Transformer on Multi30K with `model.fit` and writes a run directory.
+    """Trains a Transformer on the config's data source with `model.fit`; writes a run dir.
+
+    The data source is `config.data` (Multi30K, parallel files, TSV or a TFDS dataset, see
+    `keras_transformer.data.sources`). Before training, its files are checked, and a data
+    report (pairs read, kept, dropped and why; batches per epoch) is printed and saved as
+    `data_report.json`; the epoch's batch count gives the progress bar its total.
 
     A run's life:
     - *Resume*: rerunning the same call after the process (or a worker) died resumes from
@@ -298,7 +338,7 @@ def train(
     Args:
         config: `TrainingConfig`.
         output_dir: str or path-like, the run directory (created).
-        data_dir: TFDS data directory for the prepared dataset. Defaults to TFDS' own.
+        data_dir: TFDS data directory (for `tfds:<name>` data). Defaults to TFDS' own.
         local_dir: directory holding the raw Multi30K files; found automatically when
             `None` (see `keras_transformer.data.find_local_multi30k`).
         strategy: a `tf.distribute.Strategy` or a name for `select_strategy`
@@ -309,7 +349,9 @@ def train(
             -> translate_fn(list[str]) -> list[str]` for validation BLEU (the caller
             injects decoding, so training does not import it). `None` skips BLEU.
         report_padding: bool, print the padding fraction with and without bucketing.
-        verbose: Keras `fit` verbosity. Defaults to `"auto"` (the progress bar).
+        verbose: Keras `fit` verbosity. Defaults to `"auto"`: the progress bar on a
+            terminal, one line per epoch otherwise (no stream of `\r` and ANSI codes in a
+            log file).
         callbacks: list of extra `keras.callbacks.Callback`, run after the run's own.
             Defaults to `None`.
 
@@ -322,6 +364,9 @@ def train(
     chief = is_chief(strategy)
     write_dir = worker_write_dir(output_dir, strategy)
     write_dir.mkdir(parents=True, exist_ok=True)
+    source = open_run_source(config, local_dir=local_dir, tfds_dir=data_dir)
+    # A TFDS source may have chosen the languages: the run records the ones used.
+    config = config.replace(source_lang=source.source_lang, target_lang=source.target_lang)
     check_resumable(config, write_dir)
 
     # Where this run stands: a backup (interrupted), a final model (finished) or nothing.
@@ -354,19 +399,25 @@ def train(
         temporary.write_text(json.dumps(config.to_dict(), indent=2))
         temporary.replace(output_dir / "config.json")
 
-    splits = {
-        split: load_multi30k(split, data_dir=data_dir, local_dir=local_dir)
-        for split in ("train", "validation")
-    }
-    train_split = splits["train"].take(config.train_subset) if config.train_subset else splits["train"]
-    source_tokenizer, target_tokenizer = prepare_tokenizers(config, train_split, write_dir)
+    splits = {split: source.dataset(split) if split in source.splits() else None
+              for split in ("train", "validation")}
+    source_tokenizer, target_tokenizer = prepare_tokenizers(
+        config, itertools.islice(source.pairs("train"), config.train_subset), write_dir)
+    data_report = prepare_data_report(
+        source, config, source_tokenizer, target_tokenizer, write_dir, replicas)
+    if chief:
+        print(data_report, flush=True)
     train_pairs, _, val_ds = make_datasets(
-        config, splits, source_tokenizer, target_tokenizer, replicas
+        config, splits, source_tokenizer, target_tokenizer, replicas, data_report
     )
     train_ds, steps_per_epoch = make_epoch_train_dataset(
-        config, train_pairs, source_tokenizer, target_tokenizer, replicas, initial_epoch
+        config, train_pairs, source_tokenizer, target_tokenizer, replicas, initial_epoch,
+        data_report,
     )
-    train_ds, val_ds = shard_by_data(train_ds), shard_by_data(val_ds)
+    train_ds = shard_by_data(train_ds)
+    val_ds = shard_by_data(val_ds) if val_ds is not None else None
+    if verbose == "auto":
+        verbose = 1 if getattr(sys.stdout, "isatty", lambda: False)() else 2
     if report_padding and chief:
         report = compare_padding(
             train_pairs, source_tokenizer, target_tokenizer, num_batches=30,
@@ -390,7 +441,8 @@ def train(
               f"of {config.epochs}", flush=True)
 
     bleu_callback = None
-    if make_translate_fn is not None and config.bleu_sentences and chief:
+    if (make_translate_fn is not None and config.bleu_sentences and chief
+            and splits["validation"] is not None):
         # Decoding is not a collective op: the chief alone translates, once per
         # evaluation, while the other workers wait at the next step's all-reduce. Only
         # the chief saves the best model, so its decision needs no collective either.
@@ -409,7 +461,8 @@ def train(
     run_callbacks = make_callbacks(
         str(write_dir),
         bleu_callback=bleu_callback,
-        best_monitor=None if bleu_callback or not chief else "val_loss",
+        best_monitor=(None if bleu_callback or not chief
+                      else "val_loss" if val_ds is not None else "loss"),
         keep_checkpoints=config.keep_checkpoints,
         run_history=run_history,
     )

@@ -39,3 +39,35 @@ def test_separate_vocabularies(tmp_path):
     reloaded_source, reloaded_target = load_tokenizers(tmp_path)
     assert reloaded_source.tokenize(german).to_list() == source.tokenize(german).to_list()
     assert reloaded_target.tokenize(german).to_list() == target.tokenize(german).to_list()
+
+
+def test_reservoir_sample_is_bounded_uniform_and_deterministic():
+    from keras_transformer.text.tokenizers import reservoir_sample
+
+    assert reservoir_sample(range(5), 10) == [0, 1, 2, 3, 4]  # fewer items: all, in order
+    sample = reservoir_sample(iter(range(100_000)), 1000, seed=3)
+    assert len(sample) == 1000 and len(set(sample)) == 1000
+    assert sample == reservoir_sample(iter(range(100_000)), 1000, seed=3)
+    # Uniform: each tenth of the stream holds about a tenth of the sample.
+    tenths = [sum(1 for x in sample if x // 10_000 == i) for i in range(10)]
+    assert all(60 <= n <= 140 for n in tenths), tenths
+
+
+def test_train_tokenizers_reads_a_bounded_sample_of_a_stream(tmp_path, monkeypatch):
+    from keras_transformer.text import tokenizers
+
+    seen = {}
+    real = tokenizers.train_sentencepiece
+
+    def recording(sentences, *args, **kwargs):
+        seen["sentences"] = len(sentences)
+        return real(sentences, *args, **kwargs)
+
+    monkeypatch.setattr(tokenizers, "train_sentencepiece", recording)
+    words = ["dog", "cat", "runs", "the", "a", "red", "ball", "Hund", "Katze", "rennt"]
+    # A generator: read once, never listed whole.
+    stream = ((" ".join(words[(i + k) % 10] for k in range(5)), words[i % 10] * 3)
+              for i in range(3000))
+    train_tokenizers(stream, "en", "de", vocab_size=290, output_dir=tmp_path, max_pairs=500,
+                     hard_vocab_limit=False)
+    assert seen["sentences"] == 1000  # 500 pairs, both sides of a shared vocabulary

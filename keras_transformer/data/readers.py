@@ -1,0 +1,269 @@
+"""Streaming readers of parallel text, with one rule per kind of bad input.
+
+Nothing here holds a file in memory: lines are read one at a time (plain or `.gz`), and line
+counts are taken by scanning bytes. Every reader feeds a `SplitReport`, so what was read,
+kept, repaired and dropped is counted, never silently lost.
+
+What happens to bad input (the same rules for parallel files, TSV and TFDS datasets):
+
+| input                                        | answer                                         |
+|----------------------------------------------|------------------------------------------------|
+| source and target files of different lengths | `DataError` naming both files and both counts  |
+| an empty file (or a split with no usable pair) | `DataError` naming the file                  |
+| a blank line (both sides empty)              | dropped, counted as `blank`                    |
+| a pair with one empty (or whitespace) side   | dropped, counted as `empty_source`/`empty_target` |
+| a TSV line without exactly one tab           | `DataError` with file, line number, tab count  |
+| CRLF line endings                            | repaired (the `\\r` removed), counted as `crlf` |
+| a UTF-8 byte order mark at the start of a file | repaired (removed), counted as `bom`         |
+| invalid UTF-8 bytes                          | `DataError` with file, line number and byte    |
+| over-long pairs (more tokens than `max_length`) | dropped from training, counted as `too_long` (see `keras_transformer.data.preparation`) |
+
+Why these choices: a line-count mismatch, a wrong number of TSV columns or invalid UTF-8
+mean the file is not what the user thinks it is (misaligned, a tab inside a sentence, a
+Latin-1 file), and training on it would teach the model noise, so they stop the run with
+the place to look. Blank lines and one-sided pairs are common in real corpora and carry no
+translation; dropping them (as Marian, OpenNMT and fairseq's cleaning scripts do) and
+counting them is enough. CRLF and a BOM are encodings of the same text and are repaired.
+Leading and trailing whitespace is removed from every sentence.
+"""
+
+import dataclasses
+import gzip
+import os
+
+# UTF-8 encoding of U+FEFF, which some editors write at the start of a file.
+_BOM = b"\xef\xbb\xbf"
+# Bytes read per chunk when counting lines.
+_COUNT_CHUNK = 1 << 20
+# Reasons a pair is dropped, in the order the report lists them.
+DROP_REASONS = ("blank", "empty_source", "empty_target", "too_long")
+# Repairs that keep the pair, counted per line.
+REPAIRS = ("crlf", "bom")
+
+
+class DataError(ValueError):
+    """Input data that cannot be trained on; the message names the file and line."""
+
+
+@dataclasses.dataclass
+class SplitReport:
+    """Counts of one split: pairs read, kept, dropped (by reason) and lines repaired."""
+
+    # Where the split comes from (file names, or `tfds:<name>[<split>]`).
+    origin: str = ""
+    # Pairs (lines, examples) read.
+    read: int = 0
+    # Pairs kept for training.
+    kept: int = 0
+    # Pairs dropped, by reason (see `DROP_REASONS`).
+    dropped: dict = dataclasses.field(default_factory=lambda: dict.fromkeys(DROP_REASONS, 0))
+    # Lines repaired and kept, by repair (see `REPAIRS`).
+    repaired: dict = dataclasses.field(default_factory=lambda: dict.fromkeys(REPAIRS, 0))
+
+    def drop(self, reason):
+        """Counts one dropped pair (`reason` in `DROP_REASONS`)."""
+        self.dropped[reason] += 1
+        self.kept -= 1
+
+    def to_dict(self):
+        """A JSON-serializable dict of the counts."""
+        return dataclasses.asdict(self)
+
+    def __str__(self):
+        dropped = ", ".join(f"{n:,} {reason}" for reason, n in self.dropped.items() if n)
+        repaired = ", ".join(f"{n:,} {what}" for what, n in self.repaired.items() if n)
+        return (
+            f"{self.read:,} pairs read, {self.kept:,} kept, "
+            f"{sum(self.dropped.values()):,} dropped ({dropped or 'none'})"
+            + (f", lines repaired: {repaired}" if repaired else "")
+            + f"  [{self.origin}]"
+        )
+
+
+def open_binary(path):
+    """Opens a plain or `.gz` file for reading bytes."""
+    path = os.fspath(path)
+    return gzip.open(path, "rb") if path.endswith(".gz") else open(path, "rb")
+
+
+def count_lines(path):
+    """Counts the lines of a plain or `.gz` file by scanning bytes (constant memory).
+
+    A last line without a final newline counts as a line; an empty file has 0 lines.
+
+    Args:
+        path: str or path-like.
+
+    Returns:
+        int, the number of lines.
+
+    Example:
+
+    >>> count_lines("train.en.gz")  # doctest: +SKIP
+    29000
+    """
+    lines, last = 0, b"\n"
+    with open_binary(path) as f:
+        while chunk := f.read(_COUNT_CHUNK):
+            lines += chunk.count(b"\n")
+            last = chunk[-1:]
+    return lines + (last != b"\n")
+
+
+def iter_lines(path, report=None):
+    """Yields the decoded lines of a plain or `.gz` UTF-8 file, without line terminators.
+
+    Only `\\n` ends a line (a Unicode line separator inside a sentence stays in it). A
+    trailing `\\r` (CRLF) and a BOM at the start of the file are removed and counted in
+    `report.repaired`.
+
+    Args:
+        path: str or path-like.
+        report: `SplitReport` or None, where repairs are counted.
+
+    Yields:
+        str, one line (leading/trailing whitespace kept; callers strip).
+
+    Raises:
+        DataError: on invalid UTF-8, with the file, line number and byte offset.
+    """
+    with open_binary(path) as f:
+        for number, raw in enumerate(f, start=1):
+            if raw.endswith(b"\n"):
+                raw = raw[:-1]
+            if raw.endswith(b"\r"):
+                raw = raw[:-1]
+                if report is not None:
+                    report.repaired["crlf"] += 1
+            if number == 1 and raw.startswith(_BOM):
+                raw = raw[len(_BOM):]
+                if report is not None:
+                    report.repaired["bom"] += 1
+            yield decode_utf8(raw, f"{os.fspath(path)}:{number}")
+
+
+def decode_utf8(raw, where):
+    """Decodes UTF-8 bytes, raising `DataError` naming `where` (file:line) on bad bytes."""
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise DataError(
+            f"{where}: invalid UTF-8 (byte 0x{raw[error.start]:02x} at offset {error.start}). "
+            "Convert the file to UTF-8 (e.g. `iconv -f latin1 -t utf-8`)."
+        ) from error
+
+
+def keep_pair(source, target, report):
+    """Strips a pair and decides whether it is kept; counts it in `report`.
+
+    Returns:
+        `(source, target)` stripped, or `None` when the pair is dropped (blank line, or one
+        empty side).
+    """
+    source, target = source.strip(), target.strip()
+    report.read += 1
+    report.kept += 1
+    if not source and not target:
+        report.drop("blank")
+    elif not source:
+        report.drop("empty_source")
+    elif not target:
+        report.drop("empty_target")
+    else:
+        return source, target
+    return None
+
+
+def check_parallel_files(source_path, target_path):
+    """Raises `DataError` unless both files are non-empty and have the same line count.
+
+    Counting streams the bytes, so this is cheap enough to run before anything else.
+
+    Returns:
+        int, the common number of lines.
+    """
+    counts = {path: count_lines(path) for path in (source_path, target_path)}
+    for path, count in counts.items():
+        if count == 0:
+            raise DataError(f"{os.fspath(path)} is empty: no sentence pairs to read.")
+    source_count, target_count = counts[source_path], counts[target_path]
+    if source_count != target_count:
+        raise DataError(
+            f"Source and target files have different line counts: {os.fspath(source_path)} "
+            f"has {source_count:,} lines, {os.fspath(target_path)} has {target_count:,}. Line i "
+            "of one must translate line i of the other."
+        )
+    return source_count
+
+
+def read_parallel_files(source_path, target_path, report, keep_all=False):
+    """Yields the pairs of two line-aligned files (plain or `.gz`), counted in `report`.
+
+    Args:
+        source_path: str or path-like, one source sentence per line.
+        target_path: str or path-like, the target sentences, line by line.
+        report: `SplitReport`, filled while reading.
+        keep_all: bool, yield every pair, blank ones included (for evaluation, where line
+            i must stay line i). Defaults to `False` (drop blank and one-sided pairs).
+
+    Yields:
+        `(source, target)` str pairs.
+
+    Raises:
+        DataError: different line counts (found when one file ends first), invalid UTF-8.
+    """
+    sources, targets = iter_lines(source_path, report), iter_lines(target_path, report)
+    for source in sources:
+        target = next(targets, None)
+        if target is None:
+            break
+        pair = keep_pair(source, target, report)
+        if keep_all:
+            yield source.strip(), target.strip()
+        elif pair is not None:
+            yield pair
+    else:
+        if next(targets, None) is None:
+            return
+    # One file ended first: count both fully for the message.
+    check_parallel_files(source_path, target_path)
+
+
+def read_tsv(path, report, keep_all=False):
+    """Yields the pairs of a `source<TAB>target` file (plain or `.gz`), counted in `report`.
+
+    A blank line is a blank pair (dropped and counted); any other line must hold exactly
+    one tab.
+
+    Args:
+        path: str or path-like.
+        report: `SplitReport`, filled while reading.
+        keep_all: bool, yield blank and one-sided pairs too. Defaults to `False`.
+
+    Yields:
+        `(source, target)` str pairs.
+
+    Raises:
+        DataError: an empty file, a line without exactly one tab (file, line number and the
+            number of tabs found), invalid UTF-8.
+    """
+    empty = True
+    for number, line in enumerate(iter_lines(path, report), start=1):
+        empty = False
+        if not line.strip():
+            source = target = ""
+        else:
+            tabs = line.count("\t")
+            if tabs != 1:
+                raise DataError(
+                    f"{os.fspath(path)}:{number}: expected exactly one tab between source and "
+                    f"target, found {tabs}. A tab inside a sentence must be removed first."
+                )
+            source, target = line.split("\t")
+        pair = keep_pair(source, target, report)
+        if keep_all:
+            yield source.strip(), target.strip()
+        elif pair is not None:
+            yield pair
+    if empty:
+        raise DataError(f"{os.fspath(path)} is empty: no sentence pairs to read.")

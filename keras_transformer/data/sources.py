@@ -1,0 +1,436 @@
+"""Where sentence pairs come from: parallel files, a TSV file, any TFDS translation dataset,
+or Multi30K, behind one interface chosen by the run's config.
+
+Every source has the same few methods: `splits()` names its splits (`train`,
+`validation`, then its test sets), `check()` validates the files before anything is trained
+(line counts, empty files), `pairs(split)` streams `(source, target)` str pairs, and
+`dataset(split)` wraps that stream as a `tf.data.Dataset` of `{source_lang: string,
+target_lang: string}` scalars, what `make_translation_dataset` consumes. Nothing reads a
+whole split into memory. Bad input follows the rules of `keras_transformer.data.readers`.
+
+`spec()` returns the JSON-serializable description the run directory and the export
+record (`data`, `data_files`, `source_lang`, `target_lang`), from which `open_source` opens
+the same source again, e.g. for `keras-transformer evaluate`.
+
+Example:
+
+>>> source = open_source("files", {"train": ["train.fr", "train.en"],
+...                                "validation": ["val.fr", "val.en"]})  # doctest: +SKIP
+>>> source.source_lang, source.target_lang  # doctest: +SKIP
+('fr', 'en')
+>>> next(source.pairs("train"))  # doctest: +SKIP
+('Un chien court.', 'A dog runs.')
+"""
+
+import itertools
+import os
+import pathlib
+import re
+
+import numpy as np
+import tensorflow as tf
+
+from keras_transformer.data import multi30k
+from keras_transformer.data.readers import (
+    DataError,
+    SplitReport,
+    check_parallel_files,
+    decode_utf8,
+    keep_pair,
+    read_parallel_files,
+    read_tsv,
+)
+
+# Data source kinds of `TrainingConfig.data` (plus `tfds:<name>`).
+KINDS = ("multi30k", "files", "tsv")
+TFDS_PREFIX = "tfds:"
+# Pairs per Python -> tf.data hand-over: one generator call per chunk, not per pair.
+_CHUNK_PAIRS = 512
+# Other names of the validation split, in the order they are looked for.
+_VALIDATION_NAMES = ("validation", "valid", "val", "dev")
+# A language code inferred from a file name: `train.fr`, `train.fr.gz`, `news.pt_br.txt`.
+_LANG_SUFFIX = re.compile(r"^[A-Za-z]{2,3}([_-][A-Za-z]{2,4})?$")
+# File suffixes that look like a language code but are not one.
+_NOT_LANGUAGES = {"txt", "tsv", "csv", "tok", "raw", "src", "tgt", "ref", "out", "hyp"}
+
+
+def _canonical_split(split, names):
+    """Maps `val`/`dev`/`valid` to the validation split and `test` to the first test set."""
+    if split in names:
+        return split
+    if split in _VALIDATION_NAMES:
+        return next((n for n in _VALIDATION_NAMES if n in names), split)
+    if split == "test":
+        tests = [n for n in names if n not in ("train", *_VALIDATION_NAMES)]
+        if tests:
+            return tests[0]
+    return split
+
+
+def language_from_path(path):
+    """The language code in a file name (`train.fr.gz` -> `fr`), or None."""
+    name = pathlib.Path(path).name
+    if name.endswith(".gz"):
+        name = name[: -len(".gz")]
+    suffix = pathlib.Path(name).suffix.lstrip(".")
+    if suffix.lower() in _NOT_LANGUAGES or not _LANG_SUFFIX.match(suffix):
+        return None
+    return suffix
+
+
+class ParallelSource:
+    """Base class: a named set of splits of sentence pairs in one direction.
+
+    Subclasses implement `splits()` and `_read(split, report, keep_all)`.
+
+    Args:
+        source_lang: str, the source language code (the key of `dataset()` examples).
+        target_lang: str, the target language code.
+    """
+
+    kind = None
+
+    def __init__(self, source_lang, target_lang):
+        if not source_lang or not target_lang or source_lang == target_lang:
+            raise ValueError(
+                "Source and target languages must be two different codes, got "
+                f"source_lang={source_lang!r}, target_lang={target_lang!r}."
+            )
+        self.source_lang, self.target_lang = source_lang, target_lang
+
+    def splits(self):
+        """list of str: `train`, `validation`, then the test sets."""
+        raise NotImplementedError
+
+    def test_sets(self):
+        """list of str: the splits other than train and validation."""
+        return [s for s in self.splits() if s not in ("train", "validation")]
+
+    def resolve(self, split):
+        """The canonical name of `split` (`val` -> `validation`, `test` -> first test set).
+
+        Raises:
+            ValueError: when the source has no such split, listing the ones it has.
+        """
+        canonical = _canonical_split(split, self.splits())
+        if canonical not in self.splits():
+            raise ValueError(
+                f"{self.describe()} has no split {split!r}; it has {self.splits()}."
+            )
+        return canonical
+
+    def check(self, splits=("train", "validation")):
+        """Validates the files of `splits` cheaply before training (no-op by default)."""
+
+    def origin(self, split):
+        """str, where `split` is read from (for reports and messages)."""
+        return f"{self.describe()}[{split}]"
+
+    def pairs(self, split, report=None, keep_all=False):
+        """Streams the `(source, target)` str pairs of a split.
+
+        Args:
+            split: str, a split name (see `resolve`).
+            report: `SplitReport` or None, counts what is read, kept, dropped, repaired.
+            keep_all: bool, yield blank and one-sided pairs too (evaluation keeps line i
+                aligned with reference i). Defaults to `False`.
+
+        Returns:
+            An iterator of `(source, target)` pairs.
+        """
+        split = self.resolve(split)
+        if report is None:
+            report = SplitReport()
+        report.origin = report.origin or self.origin(split)
+        return self._read(split, report, keep_all)
+
+    def _read(self, split, report, keep_all):
+        raise NotImplementedError
+
+    def dataset(self, split, report=None, limit=None):
+        """The pairs of a split as a `tf.data.Dataset` of `{lang: tf.string}` scalars.
+
+        The Python reader hands pairs to tf.data in chunks; everything after it
+        (tokenization, batching) runs in parallel in tf.data. Each iteration (each epoch)
+        reads the files again from the start, so memory does not grow with the corpus.
+
+        Args:
+            split: str, a split name.
+            report: `SplitReport` or None, filled as the dataset is iterated.
+            limit: int or None, stop after this many kept pairs (`train_subset`).
+
+        Returns:
+            A `tf.data.Dataset` of `{source_lang: string, target_lang: string}`.
+        """
+        split = self.resolve(split)
+        source_lang, target_lang = self.source_lang, self.target_lang
+
+        def chunks():
+            sources, targets = [], []
+            for source, target in itertools.islice(self.pairs(split, report), limit):
+                sources.append(source)
+                targets.append(target)
+                if len(sources) == _CHUNK_PAIRS:
+                    yield {source_lang: np.array(sources, object),
+                           target_lang: np.array(targets, object)}
+                    sources, targets = [], []
+            if sources:
+                yield {source_lang: np.array(sources, object),
+                       target_lang: np.array(targets, object)}
+
+        spec = tf.TensorSpec([None], tf.string)
+        return tf.data.Dataset.from_generator(
+            chunks, output_signature={source_lang: spec, target_lang: spec}
+        ).unbatch()
+
+    def describe(self):
+        """str, a short description such as `files fr->en`."""
+        return f"{self.kind} {self.source_lang}->{self.target_lang}"
+
+    def spec(self):
+        """dict, the JSON-serializable description `open_source(**spec)` reopens."""
+        return {"data": self.kind, "data_files": None, "source_lang": self.source_lang,
+                "target_lang": self.target_lang}
+
+
+def _ordered_splits(names):
+    """train, validation first (when present), then the others in their given order."""
+    return [n for n in ("train", "validation") if n in names] + [
+        n for n in names if n not in ("train", "validation")]
+
+
+class FileSource(ParallelSource):
+    """Parallel text files, one sentence per line, plain or `.gz`, split by split.
+
+    Args:
+        files: dict `{split: (source_path, target_path)}`; `validation` may be named
+            `valid`/`val`/`dev`; any other name is a test set.
+        source_lang: str or None, source language code. Defaults to the suffix of the
+            source file name (`train.fr.gz` -> `fr`).
+        target_lang: str or None, target language code, likewise.
+    """
+
+    kind = "files"
+
+    def __init__(self, files, source_lang=None, target_lang=None):
+        self.files = {
+            ("validation" if name in _VALIDATION_NAMES else name): tuple(map(str, paths))
+            for name, paths in files.items()
+        }
+        for name, paths in self.files.items():
+            if len(paths) != 2:
+                raise ValueError(f"Split {name!r} needs a source and a target file, got {paths}.")
+        if "train" in self.files:
+            source_lang = source_lang or language_from_path(self.files["train"][0])
+            target_lang = target_lang or language_from_path(self.files["train"][1])
+        if not (source_lang and target_lang):
+            raise ValueError(
+                "Could not tell the languages from the file names; give source_lang and "
+                "target_lang (--source-lang/--target-lang)."
+            )
+        super().__init__(source_lang, target_lang)
+
+    def splits(self):
+        return _ordered_splits(list(self.files))
+
+    def origin(self, split):
+        return " + ".join(self.files[split])
+
+    def check(self, splits=("train", "validation")):
+        """Raises `DataError` on missing, empty or misaligned files of `splits`."""
+        for split in splits:
+            for path in self.files[self.resolve(split)]:
+                if not os.path.isfile(path):
+                    raise DataError(f"{path} ({split}) does not exist.")
+            check_parallel_files(*self.files[self.resolve(split)])
+
+    def _read(self, split, report, keep_all):
+        return read_parallel_files(*self.files[split], report, keep_all=keep_all)
+
+    def spec(self):
+        return dict(super().spec(), data_files={k: list(v) for k, v in self.files.items()})
+
+
+class TsvSource(ParallelSource):
+    """Tab-separated files, `source<TAB>target` per line, plain or `.gz`.
+
+    Args:
+        files: dict `{split: path}` (validation names as for `FileSource`).
+        source_lang: str, source language code (a TSV file name does not say it).
+        target_lang: str, target language code.
+    """
+
+    kind = "tsv"
+
+    def __init__(self, files, source_lang, target_lang):
+        self.files = {("validation" if n in _VALIDATION_NAMES else n): str(p)
+                      for n, p in files.items()}
+        super().__init__(source_lang, target_lang)
+
+    def splits(self):
+        return _ordered_splits(list(self.files))
+
+    def origin(self, split):
+        return self.files[split]
+
+    def check(self, splits=("train", "validation")):
+        for split in splits:
+            if not os.path.isfile(self.files[self.resolve(split)]):
+                raise DataError(f"{self.files[self.resolve(split)]} ({split}) does not exist.")
+
+    def _read(self, split, report, keep_all):
+        return read_tsv(self.files[split], report, keep_all=keep_all)
+
+    def spec(self):
+        return dict(super().spec(), data_files=dict(self.files))
+
+
+class Multi30kSource(ParallelSource):
+    """Multi30K task 1 in any direction between en, de, fr and cs, with every test set.
+
+    Files are found locally first, else downloaded and verified (see
+    `keras_transformer.data.multi30k.multi30k_split_files`).
+
+    Args:
+        source_lang: str, one of `en`, `de`, `fr`, `cs`. Defaults to `"en"`.
+        target_lang: str, another one. Defaults to `"de"`.
+        local_dir: str or path-like or None, the directory holding the raw `.gz` files.
+    """
+
+    kind = "multi30k"
+
+    def __init__(self, source_lang="en", target_lang="de", local_dir=None):
+        super().__init__(source_lang, target_lang)
+        self._splits = multi30k.multi30k_splits(source_lang, target_lang)
+        self.local_dir = local_dir
+
+    def splits(self):
+        return list(self._splits)
+
+    def resolve(self, split):
+        return super().resolve(multi30k.SPLIT_ALIASES.get(split, split))
+
+    def _files(self, split):
+        return multi30k.multi30k_split_files(
+            self.source_lang, self.target_lang, split, self.local_dir)
+
+    def origin(self, split):
+        return f"multi30k {split} {self.source_lang}->{self.target_lang}"
+
+    def check(self, splits=("train", "validation")):
+        """Finds (or downloads) the files of `splits`, raising one error naming all missing."""
+        missing = []
+        for split in splits:
+            try:
+                check_parallel_files(*self._files(self.resolve(split)))
+            except multi30k.Multi30kNotFoundError as error:
+                missing.append(str(error))
+        if missing:
+            raise multi30k.Multi30kNotFoundError("\n".join(missing))
+
+    def _read(self, split, report, keep_all):
+        return read_parallel_files(*self._files(split), report, keep_all=keep_all)
+
+
+class TfdsSource(ParallelSource):
+    """Any TFDS translation dataset, e.g. `ted_hrlr_translate/pt_to_en`.
+
+    The language keys come from the dataset: its supervised keys (source, target) unless
+    `source_lang`/`target_lang` pick two other keys of its features (so `en->pt` of a
+    `pt_to_en` dataset works too). Splits: `train`; the validation split is the one named
+    `validation` (or `valid`/`val`/`dev`); every other split is a test set.
+
+    Args:
+        name: str, the TFDS name with config, e.g. `"wmt14_translate/de-en"`.
+        source_lang: str or None. Defaults to the first supervised key.
+        target_lang: str or None. Defaults to the second supervised key.
+        data_dir: str or None, TFDS data directory. Defaults to TFDS' own.
+        download: bool, run `download_and_prepare()` first. Defaults to `True`.
+    """
+
+    def __init__(self, name, source_lang=None, target_lang=None, data_dir=None, download=True):
+        import tensorflow_datasets as tfds
+
+        self.name = name
+        self.kind = TFDS_PREFIX + name
+        self._builder = tfds.builder(name, data_dir=os.fspath(data_dir) if data_dir else None)
+        info = self._builder.info
+        keys = list(getattr(info.features, "languages", None) or info.features.keys())
+        supervised = tuple(info.supervised_keys or ())
+        source_lang = source_lang or (supervised[0] if supervised else None)
+        target_lang = target_lang or (supervised[1] if len(supervised) > 1 else None)
+        for lang in (source_lang, target_lang):
+            if lang not in keys:
+                raise ValueError(
+                    f"tfds:{name} has language keys {keys}, not {lang!r}; pick two of them "
+                    "with --source-lang/--target-lang."
+                )
+        super().__init__(source_lang, target_lang)
+        if download:
+            self._builder.download_and_prepare()
+        # Mocked or not-yet-described datasets list no splits: use the usual three.
+        self._split_names = list(info.splits.keys()) or ["train", "validation", "test"]
+
+    def splits(self):
+        names = ["validation" if n in _VALIDATION_NAMES else n for n in self._split_names]
+        return _ordered_splits(names)
+
+    def _tfds_split(self, split):
+        if split == "validation":
+            return next(n for n in self._split_names if n in _VALIDATION_NAMES)
+        return split
+
+    def _read(self, split, report, keep_all):
+        where = f"tfds:{self.name}[{split}]"
+        examples = self._builder.as_dataset(split=self._tfds_split(split), shuffle_files=False)
+        for index, example in enumerate(examples.as_numpy_iterator()):
+            source = decode_utf8(example[self.source_lang], f"{where} example {index}")
+            target = decode_utf8(example[self.target_lang], f"{where} example {index}")
+            pair = keep_pair(source, target, report)
+            if keep_all:
+                yield source.strip(), target.strip()
+            elif pair is not None:
+                yield pair
+
+
+def open_source(data="multi30k", data_files=None, source_lang=None, target_lang=None,
+                local_dir=None, tfds_dir=None):
+    """Opens the data source a run's config names.
+
+    Args:
+        data: str, `"multi30k"`, `"files"`, `"tsv"` or `"tfds:<name>"`. Defaults to
+            `"multi30k"`.
+        data_files: dict or None, `{split: [source_path, target_path]}` for `files`,
+            `{split: path}` for `tsv`; unused otherwise.
+        source_lang: str or None, source language (see each source for its default).
+        target_lang: str or None, target language.
+        local_dir: str or None, Multi30K's raw-file directory.
+        tfds_dir: str or None, TFDS data directory.
+
+    Returns:
+        A `ParallelSource`.
+
+    Raises:
+        ValueError: an unknown kind, or files missing for `files`/`tsv`.
+
+    Example:
+
+    >>> source = open_source("tfds:ted_hrlr_translate/pt_to_en")  # doctest: +SKIP
+    >>> source.source_lang, source.target_lang  # doctest: +SKIP
+    ('pt', 'en')
+    """
+    if data == "multi30k":
+        return Multi30kSource(source_lang or "en", target_lang or "de", local_dir=local_dir)
+    if data.startswith(TFDS_PREFIX):
+        return TfdsSource(data[len(TFDS_PREFIX):], source_lang, target_lang, data_dir=tfds_dir)
+    if data in ("files", "tsv"):
+        if not data_files or "train" not in data_files:
+            raise ValueError(f"data={data!r} needs data_files with at least a 'train' split.")
+        if data == "files":
+            return FileSource(data_files, source_lang, target_lang)
+        return TsvSource(data_files, source_lang, target_lang)
+    raise ValueError(f"Unknown data source {data!r}: use one of {KINDS} or 'tfds:<name>'.")
+
+
+__all__ = ["FileSource", "Multi30kSource", "ParallelSource", "TfdsSource", "TsvSource",
+           "language_from_path", "open_source"]

@@ -1,0 +1,74 @@
+"""`keras-transformer train | export | evaluate` on the user's own files, French->English:
+the direction comes from the file names, travels in the export, and `evaluate` reads it."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from keras_transformer.cli import _data_overrides, build_parser
+
+
+def _cli(*args, cwd):
+    completed = subprocess.run(
+        [sys.executable, "-m", "keras_transformer", *args], capture_output=True, text=True,
+        timeout=600, cwd=cwd,
+    )
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    return completed.stdout
+
+
+@pytest.mark.slow
+def test_train_export_evaluate_french_to_english_from_files(toy_corpus, tmp_path):
+    files = toy_corpus["files"]
+    out = _cli("train", "--preset", "tiny", "--output", "run",
+               "--train", *files["train"], "--valid", *files["val"],
+               "--test", f"toy={files['test'][0]},{files['test'][1]}",
+               "--set", "vocab_size=290", "steps_per_epoch=null", "train_subset=null",
+               "bleu_sentences=0", cwd=tmp_path)
+    assert "Data: files fr->en" in out and "train: 96 pairs read, 96 kept" in out
+    config = json.loads((tmp_path / "run" / "config.json").read_text())
+    assert (config["data"], config["source_lang"], config["target_lang"]) == ("files", "fr", "en")
+
+    _cli("export", "--model", "run", "--out", "export", "--search", "greedy",
+         "--max-output-length", "20", cwd=tmp_path)
+    import tensorflow as tf
+    import tensorflow_text  # noqa: F401
+
+    loaded = tf.saved_model.load(str(tmp_path / "export" / "1"))
+    metadata = {k: v.numpy().decode() for k, v in loaded.signatures["metadata"]().items()}
+    assert metadata == {"source_lang": "fr", "target_lang": "en", "data": "files"}
+
+    # No --source-lang/--target-lang: the direction and the test set come from the export.
+    out = _cli("evaluate", "--export", "export", "--split", "toy", "--json", "scores.json",
+               cwd=tmp_path)
+    assert "Evaluating on files fr->en [toy]" in out
+    assert json.loads((tmp_path / "scores.json").read_text())["sentences"] == 12
+    out = _cli("evaluate", "--export", "export", "--src", files["val"][0], "--ref",
+               files["val"][1], cwd=tmp_path)
+    assert "BLEU" in out
+
+
+def _train_args(*extra):
+    return build_parser().parse_args(["train", "--output", "x", *extra])
+
+
+def test_train_data_flags(toy_corpus):
+    files, tsv = toy_corpus["gz"], toy_corpus["tsv"]
+    overrides = _data_overrides(_train_args("--train", *files["train"], "--valid", *files["val"]))
+    assert overrides["data"] == "files" and overrides["source_lang"] == "fr"
+    assert overrides["data_files"]["validation"] == files["val"]
+    overrides = _data_overrides(_train_args(
+        "--train", tsv["train"], "--test", f"t1={tsv['test']}", "--source-lang", "fr",
+        "--target-lang", "en"))
+    assert overrides["data"] == "tsv" and overrides["data_files"]["t1"] == tsv["test"]
+    with pytest.raises(SystemExit, match="--source-lang"):
+        _data_overrides(_train_args("--train", tsv["train"]))
+    with pytest.raises(SystemExit, match="NAME=SRC,TGT"):
+        _data_overrides(_train_args("--train", *files["train"], "--test", "nofiles"))
+    overrides = _data_overrides(_train_args("--data", "tfds:ted_hrlr_translate/pt_to_en"))
+    assert overrides == {"data": "tfds:ted_hrlr_translate/pt_to_en", "source_lang": None,
+                         "target_lang": None}
+    assert _data_overrides(_train_args("--source-lang", "fr", "--target-lang", "en")) == {
+        "source_lang": "fr", "target_lang": "en"}

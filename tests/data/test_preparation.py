@@ -1,0 +1,104 @@
+"""The data report and the epoch size: counted once in a streaming pass, exact, cached."""
+
+import json
+
+import pytest
+
+from keras_transformer.data import (
+    batch_plan,
+    count_batches,
+    make_translation_dataset,
+    open_source,
+)
+from keras_transformer.data.preparation import REPORT_FILENAME, prepare_data_report, scan_split
+from keras_transformer.data.readers import DataError
+from keras_transformer.text import train_tokenizers
+from keras_transformer.training import get_preset
+
+from tests.data.conftest import write_lines
+
+
+@pytest.fixture(scope="module")
+def toy_tokenizer(toy_corpus, tmp_path_factory):
+    tokenizer, _ = train_tokenizers(
+        toy_corpus["splits"]["train"], "fr", "en", vocab_size=300,
+        output_dir=tmp_path_factory.mktemp("tok"), hard_vocab_limit=False)
+    return tokenizer
+
+
+def test_count_batches_example():
+    assert count_batches([3, 4, 9, 9, 9], [8], [2, 2]) == 3
+    assert count_batches([3, 4, 9, 9, 9], [8], [2, 2], drop_remainder=True) == 2
+    assert count_batches([1] * 10, [], [4]) == 3
+
+
+@pytest.mark.parametrize("batching", [
+    dict(batch_size=7),
+    dict(tokens_per_batch=64),
+    dict(tokens_per_batch=64, batch_multiple=2, drop_remainder=True),
+], ids=["fixed", "token_budget", "replicas_drop_remainder"])
+def test_counted_batches_equal_the_pipeline(toy_corpus, toy_tokenizer, batching):
+    source = open_source("files", toy_corpus["files"])
+    max_length = 8  # some toy pairs are longer: dropped, and counted
+    report, counted = scan_split(source, "train", toy_tokenizer, toy_tokenizer, max_length,
+                                 batching)
+    assert report.dropped["too_long"] > 0 and report.kept + report.dropped["too_long"] == 96
+    dataset = make_translation_dataset(
+        source.dataset("train"), toy_tokenizer, toy_tokenizer, "fr", "en",
+        max_length=max_length, drop_long=True, seed=3, num_batches=counted, **{
+            k: v for k, v in batching.items()})
+    batches = list(dataset)
+    assert len(batches) == counted
+    assert sum(int(b[1].shape[0]) for b in batches) <= report.kept
+    if not batching.get("drop_remainder"):
+        assert sum(int(b[1].shape[0]) for b in batches) == report.kept
+    # A wrong count is not silently accepted.
+    wrong = make_translation_dataset(
+        source.dataset("train"), toy_tokenizer, toy_tokenizer, "fr", "en",
+        max_length=max_length, drop_long=True, num_batches=counted + 1, **batching)
+    with pytest.raises(Exception, match="cardinality|expected"):
+        list(wrong)
+
+
+def test_report_is_saved_printed_and_reused(toy_corpus, toy_tokenizer, tmp_path, monkeypatch):
+    config = get_preset("tiny").replace(
+        data="files", data_files=toy_corpus["files"], source_lang="fr", target_lang="en",
+        max_length=8, drop_long_pairs=True, train_subset=None)
+    source = open_source("files", {"train": toy_corpus["files"]["train"],
+                                   "validation": toy_corpus["files"]["val"]})
+    report = prepare_data_report(source, config, toy_tokenizer, toy_tokenizer, tmp_path)
+    saved = json.loads((tmp_path / REPORT_FILENAME).read_text())
+    assert saved["splits"]["train"]["read"] == 96
+    assert saved["splits"]["validation"]["read"] == 16
+    assert saved["batches"] == report.batches and report.batches["train"] > 0
+    assert "train: 96 pairs read" in str(report) and "too_long" in str(report)
+    # A resumed run reads the report instead of counting again ...
+    monkeypatch.setattr("keras_transformer.data.preparation.scan_split",
+                        lambda *a, **k: pytest.fail("counted again"))
+    assert prepare_data_report(source, config, toy_tokenizer, toy_tokenizer, tmp_path) == report
+    # ... unless what the counts depend on changed.
+    monkeypatch.undo()
+    recounted = prepare_data_report(source, config.replace(max_length=16), toy_tokenizer,
+                                    toy_tokenizer, tmp_path)
+    assert recounted.splits["train"]["dropped"]["too_long"] == 0
+
+
+def test_all_pairs_too_long_is_an_error(toy_corpus, toy_tokenizer, tmp_path):
+    long = write_lines(tmp_path / "long.fr", ["le chat noir mange ici vite"] * 3)
+    long_en = write_lines(tmp_path / "long.en", ["the black cat eats here fast"] * 3)
+    source = open_source("files", {"train": [long, long_en]})
+    with pytest.raises(DataError, match="No usable sentence pair"):
+        scan_split(source, "train", toy_tokenizer, toy_tokenizer, 3, dict(batch_size=2))
+
+
+def test_truncation_instead_of_dropping_keeps_every_pair(toy_corpus, toy_tokenizer):
+    source = open_source("files", toy_corpus["files"])
+    report, _ = scan_split(source, "train", toy_tokenizer, toy_tokenizer, 8,
+                           dict(batch_size=8), drop_long=False)
+    assert report.kept == 96 and report.dropped["too_long"] == 0
+
+
+def test_batch_plan_matches_pipeline_defaults():
+    boundaries, sizes = batch_plan(32, tokens_per_batch=256)
+    assert boundaries == [8, 10, 12, 15, 18, 22, 27] and len(sizes) == len(boundaries) + 1
+    assert batch_plan(32, batch_size=10, batch_multiple=4) == ([], [8])

@@ -1,0 +1,103 @@
+"""Bad input gets a clear answer: each case is repaired, dropped and counted, or rejected
+with the file and line number (see the table in keras_transformer/data/readers.py)."""
+
+import pytest
+
+from keras_transformer.data.readers import (
+    DataError,
+    SplitReport,
+    count_lines,
+    read_parallel_files,
+    read_tsv,
+)
+from keras_transformer.data.sources import FileSource, TsvSource
+
+from tests.data.conftest import write_bytes, write_lines
+
+
+def _read(source_path, target_path, **kwargs):
+    report = SplitReport()
+    return list(read_parallel_files(source_path, target_path, report, **kwargs)), report
+
+
+@pytest.mark.parametrize("suffix", ["", ".gz"])
+def test_count_lines_streams_plain_and_gz(tmp_path, suffix):
+    assert count_lines(write_bytes(tmp_path / f"a{suffix}", b"x\ny\nz")) == 3  # no final \n
+    assert count_lines(write_bytes(tmp_path / f"b{suffix}", b"x\n\n")) == 2
+    assert count_lines(write_bytes(tmp_path / f"c{suffix}", b"")) == 0
+
+
+@pytest.mark.parametrize("suffix", ["", ".gz"])
+def test_different_line_counts_name_both_files_and_counts(tmp_path, suffix):
+    source = write_lines(tmp_path / f"train.fr{suffix}", ["un", "deux", "trois"])
+    target = write_lines(tmp_path / f"train.en{suffix}", ["one", "two"])
+    files = FileSource({"train": [source, target]})
+    with pytest.raises(DataError) as info:
+        files.check(["train"])  # before any training: a streaming count
+    message = str(info.value)
+    assert str(source) in message and str(target) in message
+    assert "3 lines" in message and "has 2" in message
+    # Reading alone finds it too (whichever file is longer).
+    for pair in ((source, target), (target, source)):
+        with pytest.raises(DataError, match="different line counts"):
+            _read(*pair)
+
+
+def test_empty_file_is_rejected_with_its_name(tmp_path):
+    source = write_lines(tmp_path / "train.fr", [])
+    target = write_lines(tmp_path / "train.en", [])
+    with pytest.raises(DataError, match=f"{source} is empty"):
+        FileSource({"train": [source, target]}).check(["train"])
+    with pytest.raises(DataError, match="is empty"):
+        list(read_tsv(write_lines(tmp_path / "t.tsv", []), SplitReport()))
+
+
+def test_blank_lines_and_one_sided_pairs_are_dropped_and_counted(tmp_path):
+    source = write_lines(tmp_path / "a.fr", ["un", "", "", "deux", "  ", "trois"])
+    target = write_lines(tmp_path / "a.en", ["one", "", "lost", "", "x", " three "])
+    pairs, report = _read(source, target)
+    assert pairs == [("un", "one"), ("trois", "three")]
+    assert (report.read, report.kept) == (6, 2)
+    assert report.dropped == {"blank": 1, "empty_source": 2, "empty_target": 1, "too_long": 0}
+    # Evaluation keeps every line aligned with its reference.
+    assert len(_read(source, target, keep_all=True)[0]) == 6
+
+
+def test_crlf_and_bom_are_repaired_and_counted(tmp_path):
+    source = write_bytes(tmp_path / "a.fr", b"\xef\xbb\xbfun\r\ndeux\r\n")
+    target = write_bytes(tmp_path / "a.en.gz", b"one\ntwo\n")
+    pairs, report = _read(source, target)
+    assert pairs == [("un", "one"), ("deux", "two")]
+    assert report.repaired == {"crlf": 2, "bom": 1}
+    assert report.kept == 2
+
+
+def test_invalid_utf8_is_rejected_with_file_and_line(tmp_path):
+    source = write_bytes(tmp_path / "a.fr", b"un\ncaf\xe9\n")  # Latin-1
+    target = write_lines(tmp_path / "a.en", ["one", "coffee"])
+    with pytest.raises(DataError, match=rf"{source}:2: invalid UTF-8 \(byte 0xe9"):
+        _read(source, target)
+
+
+def test_tsv_line_without_exactly_one_tab_is_rejected_with_file_and_line(tmp_path):
+    path = write_lines(tmp_path / "t.tsv", ["un\tone", "", "deux\ttwo\textra"])
+    with pytest.raises(DataError, match=rf"{path}:3: expected exactly one tab .* found 2"):
+        list(read_tsv(path, SplitReport()))
+    path = write_lines(tmp_path / "u.tsv", ["un\tone", "no tab here"])
+    with pytest.raises(DataError, match=rf"{path}:2: .* found 0"):
+        list(read_tsv(path, SplitReport()))
+
+
+def test_tsv_blank_lines_and_empty_sides_are_counted(tmp_path):
+    path = write_bytes(tmp_path / "t.tsv.gz", b"un\tone\r\n\n\tx\ny\t\ndeux\ttwo\n")
+    report = SplitReport()
+    assert list(read_tsv(path, report)) == [("un", "one"), ("deux", "two")]
+    assert report.dropped == {"blank": 1, "empty_source": 1, "empty_target": 1, "too_long": 0}
+    assert report.repaired["crlf"] == 1
+    source = TsvSource({"train": path}, "fr", "en")
+    assert list(source.pairs("train")) == [("un", "one"), ("deux", "two")]
+
+
+def test_missing_file_is_named(tmp_path):
+    with pytest.raises(DataError, match="nope.fr"):
+        FileSource({"train": [tmp_path / "nope.fr", tmp_path / "nope.en"]}).check(["train"])
