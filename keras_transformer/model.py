@@ -402,7 +402,9 @@ class TransformerParts:
         """The decoder on one position: `(logits (N, V), new self-attention cache)`."""
         embedding = self.target_embedding
         table = ops.convert_to_tensor(embedding.embeddings)
-        x = ops.take(table, ops.reshape(ops.cast(tokens, "int32"), (-1,)), axis=0)  # (N, d)
+        # The table is a float32 variable: compute in the policy's dtype, as the layers do.
+        x = ops.cast(ops.take(table, ops.reshape(ops.cast(tokens, "int32"), (-1,)), axis=0),
+                     embedding.compute_dtype)  # (N, d)
         if embedding.scale_embeddings:
             x = x * ops.cast(math.sqrt(embedding.d_model), x.dtype)
         x = x + ops.cast(positions, x.dtype)  # (N, d)

@@ -190,10 +190,15 @@ def make_translation_dataset(
 
     Example:
 
-    >>> tokenizer = SubwordTokenizer.load("runs/quick")
-    >>> train = make_translation_dataset(
-    ...     load_multi30k("train"), tokenizer, tokenizer, tokens_per_batch=4096, seed=0)
+    >>> from keras_transformer.text import train_tokenizers
+    >>> pairs = {"en": ["A dog runs.", "Two dogs play in the snow."] * 20,
+    ...          "de": ["Ein Hund rennt.", "Zwei Hunde spielen im Schnee."] * 20}
+    >>> tokenizer, _ = train_tokenizers(pairs, vocab_size=300, output_dir="vocab")
+    >>> train = make_translation_dataset(tf.data.Dataset.from_tensor_slices(pairs),
+    ...                                  tokenizer, tokenizer, batch_size=8, seed=0)
     >>> inputs, labels = next(iter(train))
+    >>> sorted(inputs), labels.shape[0]
+    (['decoder_tokens', 'encoder_tokens'], 8)
     """
     if max_length < 2:
         raise ValueError(f"max_length must be at least 2 (text + START/END), got {max_length}.")
@@ -283,7 +288,14 @@ def padding_fraction(dataset, num_batches=None):
 
     Example:
 
-    >>> padding_fraction(train, num_batches=100)  # e.g. 0.08
+    >>> from keras_transformer.text import train_tokenizers
+    >>> pairs = {"en": ["A dog runs.", "Two dogs play in the snow."] * 20,
+    ...          "de": ["Ein Hund rennt.", "Zwei Hunde spielen im Schnee."] * 20}
+    >>> tokenizer, _ = train_tokenizers(pairs, vocab_size=300, output_dir="vocab")
+    >>> train = make_translation_dataset(tf.data.Dataset.from_tensor_slices(pairs),
+    ...                                  tokenizer, tokenizer, batch_size=8, seed=0)
+    >>> 0 < padding_fraction(train, num_batches=3) < 1  # two lengths share each batch
+    True
     """
     if num_batches is not None:
         dataset = dataset.take(num_batches)
@@ -331,8 +343,13 @@ def compare_padding(ds, source_tokenizer, target_tokenizer, num_batches=50, **kw
 
     Example:
 
-    >>> print(compare_padding(train_pairs, tok, tok, tokens_per_batch=4096, seed=0))
-    padding: 38.5% of tokens without bucketing, 7.9% with bucketing (first 50 batches)
+    >>> from keras_transformer.text import train_tokenizers
+    >>> pairs = {"en": ["A dog runs.", "Two dogs play in the snow."] * 20,
+    ...          "de": ["Ein Hund rennt.", "Zwei Hunde spielen im Schnee."] * 20}
+    >>> tok, _ = train_tokenizers(pairs, vocab_size=300, output_dir="vocab")
+    >>> train_pairs = tf.data.Dataset.from_tensor_slices(pairs)
+    >>> print(compare_padding(train_pairs, tok, tok, batch_size=8, num_batches=4, seed=0))
+    padding: ...% of tokens without bucketing, 0.0% with bucketing (first 4 batches)
     """
     # No cache: only `num_batches` batches are read, and a partly read cache is discarded
     # with a warning.

@@ -73,9 +73,20 @@ class ExportedTranslator:
         ValueError: when the SavedModel has no signature `signature`.
 
     Example:
-    >>> translator = ExportedTranslator("runs/quick/export")
-    >>> translator.translate(["A dog runs."])
-    [{'translation': 'Ein Hund rennt.', 'score': -1.83, 'length': 5}]
+    >>> from keras_transformer import build_transformer
+    >>> from keras_transformer.text import train_tokenizers
+    >>> pairs = {"en": ["A dog runs.", "Two dogs play in the snow."] * 20,
+    ...          "de": ["Ein Hund rennt.", "Zwei Hunde spielen im Schnee."] * 20}
+    >>> tokenizer, _ = train_tokenizers(pairs, vocab_size=300, output_dir="vocab")
+    >>> model = build_transformer(vocab_size=tokenizer.vocab_size, d_model=16,
+    ...                           num_heads=2, ff_dim=32, num_layers=1)
+    >>> from keras_transformer.export import DecodingConfig, Translator, export_translator
+    >>> path = export_translator(Translator(model, tokenizer, tokenizer,
+    ...                          DecodingConfig(max_output_length=8)), "export")
+    >>> translator = ExportedTranslator("export")  # the highest version: export/1
+    >>> results = translator.translate(["A dog runs."])
+    >>> translator.version, sorted(results[0])
+    (1, ['length', 'score', 'translation'])
     """
 
     def __init__(self, path, signature="translate"):

@@ -166,8 +166,18 @@ class Translator(tf.Module):
             `config.max_output_length` exceeds its position table.
 
     Example:
-    >>> translator = Translator(model, tokenizer, tokenizer, DecodingConfig(beam_size=4))
-    >>> translator.translate(tf.constant(["A dog runs."]))["translation"]
+    >>> from keras_transformer import build_transformer
+    >>> from keras_transformer.text import train_tokenizers
+    >>> pairs = {"en": ["A dog runs.", "Two dogs play in the snow."] * 20,
+    ...          "de": ["Ein Hund rennt.", "Zwei Hunde spielen im Schnee."] * 20}
+    >>> tokenizer, _ = train_tokenizers(pairs, vocab_size=300, output_dir="vocab")
+    >>> model = build_transformer(vocab_size=tokenizer.vocab_size, d_model=16,
+    ...                           num_heads=2, ff_dim=32, num_layers=1)
+    >>> translator = Translator(model, tokenizer, tokenizer,
+    ...                         DecodingConfig(beam_size=4, max_output_length=8))
+    >>> outputs = translator.translate(tf.constant(["A dog runs.", "Two dogs."]))
+    >>> sorted(outputs), outputs["translation"].shape
+    (['length', 'score', 'translation'], TensorShape([2]))
     """
 
     def __init__(self, model, source_tokenizer, target_tokenizer, config=None, metadata=None):

@@ -68,9 +68,14 @@ class SubwordTokenizer(tf.Module):
 
     Example:
 
-    >>> tokenizer = SubwordTokenizer("runs/quick/tokenizer.model")
+    >>> from keras_transformer.text import train_tokenizers
+    >>> pairs = {"en": ["A dog runs.", "Two dogs play in the snow."] * 20,
+    ...          "de": ["Ein Hund rennt.", "Zwei Hunde spielen im Schnee."] * 20}
+    >>> _ = train_tokenizers(pairs, vocab_size=300, output_dir="vocab")
+    >>> tokenizer = SubwordTokenizer("vocab/tokenizer.model")
     >>> ids = tokenizer.tokenize(tf.constant(["A dog runs."]), add_end=True)
-    >>> tokenizer.detokenize(ids)  # [b"A dog runs."]
+    >>> tokenizer.detokenize(ids).numpy()
+    array([b'A dog runs.'], dtype=object)
     """
 
     def __init__(self, model_path, name=None):

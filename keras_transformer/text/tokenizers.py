@@ -114,8 +114,10 @@ def train_tokenizers(
 
     Example:
 
-    >>> src_tok, tgt_tok = train_tokenizers(
-    ...     load_multi30k("train"), "en", "de", vocab_size=8000, output_dir="runs/vocab")
+    >>> pairs = {"en": ["A dog runs.", "Two dogs play in the snow."] * 20,
+    ...          "de": ["Ein Hund rennt.", "Zwei Hunde spielen im Schnee."] * 20}
+    >>> src_tok, tgt_tok = train_tokenizers(pairs, "en", "de", vocab_size=300,
+    ...                                     output_dir="vocab")
     >>> src_tok is tgt_tok
     True
     """
@@ -148,7 +150,12 @@ def load_tokenizers(directory):
 
     Example:
 
-    >>> src_tok, tgt_tok = load_tokenizers("runs/vocab")
+    >>> pairs = {"en": ["A dog runs.", "Two dogs play in the snow."] * 20,
+    ...          "de": ["Ein Hund rennt.", "Zwei Hunde spielen im Schnee."] * 20}
+    >>> _ = train_tokenizers(pairs, "en", "de", vocab_size=300, output_dir="vocab")
+    >>> src_tok, tgt_tok = load_tokenizers("vocab")
+    >>> src_tok.vocab_size
+    300
     """
     directory = pathlib.Path(directory)
     if (directory / MODEL_FILENAME).is_file():

@@ -55,8 +55,16 @@ class BleuCallback(keras.callbacks.Callback):
 
     Example:
 
-    >>> bleu = BleuCallback(translator, val_src, val_ref, best_path="run/best.keras")
-    >>> model.fit(train_ds, epochs=10, callbacks=[bleu, *make_callbacks("run")])
+    >>> model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+    >>> model.compile(optimizer="sgd", loss="mse")
+    >>> x, y = np.ones((8, 2)), np.ones((8, 1))
+    >>> def translate(sentences):  # stands in for a decoder over `model`
+    ...     return [s.replace("Hund", "Hunde") for s in sentences]
+    >>> bleu = BleuCallback(translate, ["Ein Hund rennt."], ["Ein Hunde rennt."],
+    ...                     best_path="run/best.keras", verbose=0)
+    >>> history = model.fit(x, y, epochs=1, verbose=0, callbacks=[bleu])
+    >>> history.history["val_bleu"]
+    [100.0]
 
     References:
         - [Post, 2018](https://aclanthology.org/W18-6319/), a call for clarity in
@@ -173,8 +181,13 @@ class RunHistory(keras.callbacks.Callback):
 
     Example:
 
-    >>> record = RunHistory("runs/quick/history.json")
-    >>> model.fit(train_ds, epochs=10, callbacks=[record])
+    >>> model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+    >>> model.compile(optimizer="sgd", loss="mse")
+    >>> x, y = np.ones((8, 2)), np.ones((8, 1))
+    >>> record = RunHistory("history.json")
+    >>> _ = model.fit(x, y, epochs=2, verbose=0, callbacks=[record])
+    >>> record.record()["epochs"], len(record.record()["history"]["loss"])
+    (2, 2)
     """
 
     def __init__(self, path, initial=None):
@@ -258,7 +271,13 @@ class EpochCheckpoints(keras.callbacks.Callback):
 
     Example:
 
-    >>> model.fit(train_ds, epochs=10, callbacks=[EpochCheckpoints("run/checkpoints", 5)])
+    >>> model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+    >>> model.compile(optimizer="sgd", loss="mse")
+    >>> x, y = np.ones((8, 2)), np.ones((8, 1))
+    >>> _ = model.fit(x, y, epochs=3, verbose=0,
+    ...               callbacks=[EpochCheckpoints("run/checkpoints", keep=2)])
+    >>> sorted(os.listdir("run/checkpoints"))
+    ['epoch-002.weights.npz', 'epoch-003.weights.npz']
     """
 
     def __init__(self, directory, keep):
@@ -345,8 +364,14 @@ def make_callbacks(
 
     Example:
 
-    >>> callbacks = make_callbacks("runs/quick")
-    >>> model.fit(train_ds, validation_data=val_ds, epochs=10, callbacks=callbacks)
+    >>> model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+    >>> model.compile(optimizer="sgd", loss="mse")
+    >>> x, y = np.ones((8, 2)), np.ones((8, 1))
+    >>> callbacks = make_callbacks("run", best_monitor="val_loss", tensorboard=False)
+    >>> _ = model.fit(x, y, validation_data=(x, y), epochs=1, verbose=0,
+    ...               callbacks=callbacks)
+    >>> sorted(os.listdir("run/checkpoints"))
+    ['best.keras', 'last.keras']
     """
     if best_mode is None:
         best_mode = "max" if best_monitor and "bleu" in best_monitor else "auto"

@@ -40,7 +40,8 @@ def make_optimizer(
     Example:
 
     >>> optimizer = make_optimizer(d_model=256, warmup_steps=1000, global_clipnorm=1.0)
-    >>> model.compile(optimizer=optimizer, loss=MaskedSparseCategoricalCrossentropy())
+    >>> optimizer.global_clipnorm
+    1.0
 
     References:
         - [Vaswani et al., 2017](https://arxiv.org/abs/1706.03762), section 5.3.

@@ -24,8 +24,8 @@ class TrainingConfig:
     Example:
 
     >>> config = get_preset("quick").replace(epochs=2)
-    >>> config.to_dict()["d_model"]
-    128
+    >>> config.to_dict()["d_model"], config.epochs
+    (256, 2)
     """
 
     # Model size.

@@ -257,7 +257,7 @@ def test_versions_are_numbered_and_never_overwritten(copy_task, tmp_path, monkey
     assert ExportedTranslator(base).version == 2
     # A greedy export has no separate greedy signature.
     names = {n for n in signature_defs(second) if not n.startswith("__")}  # no init op
-    assert names == {"translate", "serving_default"}
+    assert names == {"translate", "serving_default", "metadata"}
     with pytest.raises(FileExistsError):
         export_translator(translator, base, version=1)
     assert sorted(p.name for p in base.iterdir()) == ["1", "2"]

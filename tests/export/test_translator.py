@@ -277,7 +277,8 @@ def test_unseeded_sampling_draws_a_new_sample_on_every_call(sampler):
 
 def test_seeded_signature_only_in_sampling_exports(sampler, small_tokenizer):
     names = set(sampler.signatures())
-    assert {"translate", "serving_default", "translate_greedy", "translate_seeded"} == names
+    assert {"translate", "serving_default", "translate_greedy", "translate_seeded",
+            "metadata"} == names
     text_spec, seed_spec = sampler.signatures()["translate_seeded"].structured_input_signature[0]
     assert (text_spec.name, text_spec.dtype, text_spec.shape.as_list()) == (
         "text", tf.string, [None])
