@@ -311,6 +311,8 @@ class Multi30k(tfds.core.GeneratorBasedBuilder):
 
     >>> builder = Multi30k(config="en-de", data_dir="tfds")
     >>> builder.download_and_prepare()
+    Downloading and preparing dataset ...
+    Dataset multi30k downloaded and prepared to tfds/multi30k/en-de/1.0.0. ...
     >>> ds = builder.as_dataset(split="validation")
     >>> int(ds.cardinality())
     1014

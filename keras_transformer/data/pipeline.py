@@ -193,7 +193,7 @@ def make_translation_dataset(
     >>> from keras_transformer.text import train_tokenizers
     >>> pairs = {"en": ["A dog runs.", "Two dogs play in the snow."] * 20,
     ...          "de": ["Ein Hund rennt.", "Zwei Hunde spielen im Schnee."] * 20}
-    >>> tokenizer, _ = train_tokenizers(pairs, vocab_size=300, output_dir="vocab")
+    >>> tokenizer, _ = train_tokenizers(pairs, vocab_size=290, output_dir="vocab")
     >>> train = make_translation_dataset(tf.data.Dataset.from_tensor_slices(pairs),
     ...                                  tokenizer, tokenizer, batch_size=8, seed=0)
     >>> inputs, labels = next(iter(train))
@@ -291,7 +291,7 @@ def padding_fraction(dataset, num_batches=None):
     >>> from keras_transformer.text import train_tokenizers
     >>> pairs = {"en": ["A dog runs.", "Two dogs play in the snow."] * 20,
     ...          "de": ["Ein Hund rennt.", "Zwei Hunde spielen im Schnee."] * 20}
-    >>> tokenizer, _ = train_tokenizers(pairs, vocab_size=300, output_dir="vocab")
+    >>> tokenizer, _ = train_tokenizers(pairs, vocab_size=290, output_dir="vocab")
     >>> train = make_translation_dataset(tf.data.Dataset.from_tensor_slices(pairs),
     ...                                  tokenizer, tokenizer, batch_size=8, seed=0)
     >>> 0 < padding_fraction(train, num_batches=3) < 1  # two lengths share each batch
@@ -346,7 +346,7 @@ def compare_padding(ds, source_tokenizer, target_tokenizer, num_batches=50, **kw
     >>> from keras_transformer.text import train_tokenizers
     >>> pairs = {"en": ["A dog runs.", "Two dogs play in the snow."] * 20,
     ...          "de": ["Ein Hund rennt.", "Zwei Hunde spielen im Schnee."] * 20}
-    >>> tok, _ = train_tokenizers(pairs, vocab_size=300, output_dir="vocab")
+    >>> tok, _ = train_tokenizers(pairs, vocab_size=290, output_dir="vocab")
     >>> train_pairs = tf.data.Dataset.from_tensor_slices(pairs)
     >>> print(compare_padding(train_pairs, tok, tok, batch_size=8, num_batches=4, seed=0))
     padding: ...% of tokens without bucketing, 0.0% with bucketing (first 4 batches)

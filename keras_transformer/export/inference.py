@@ -77,7 +77,7 @@ class ExportedTranslator:
     >>> from keras_transformer.text import train_tokenizers
     >>> pairs = {"en": ["A dog runs.", "Two dogs play in the snow."] * 20,
     ...          "de": ["Ein Hund rennt.", "Zwei Hunde spielen im Schnee."] * 20}
-    >>> tokenizer, _ = train_tokenizers(pairs, vocab_size=300, output_dir="vocab")
+    >>> tokenizer, _ = train_tokenizers(pairs, vocab_size=290, output_dir="vocab")
     >>> model = build_transformer(vocab_size=tokenizer.vocab_size, d_model=16,
     ...                           num_heads=2, ff_dim=32, num_layers=1)
     >>> from keras_transformer.export import DecodingConfig, Translator, export_translator

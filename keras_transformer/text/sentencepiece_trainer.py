@@ -101,7 +101,7 @@ def train_sentencepiece(
 
     >>> path = train_sentencepiece(
     ...     ["A dog runs.", "Ein Hund rennt."] * 50, "/tmp/tiny.model",
-    ...     vocab_size=300, hard_vocab_limit=False)
+    ...     vocab_size=290, hard_vocab_limit=False)
     """
     output_path = pathlib.Path(output_path)
     model = io.BytesIO()

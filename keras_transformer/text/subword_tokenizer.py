@@ -71,7 +71,7 @@ class SubwordTokenizer(tf.Module):
     >>> from keras_transformer.text import train_tokenizers
     >>> pairs = {"en": ["A dog runs.", "Two dogs play in the snow."] * 20,
     ...          "de": ["Ein Hund rennt.", "Zwei Hunde spielen im Schnee."] * 20}
-    >>> _ = train_tokenizers(pairs, vocab_size=300, output_dir="vocab")
+    >>> _ = train_tokenizers(pairs, vocab_size=290, output_dir="vocab")
     >>> tokenizer = SubwordTokenizer("vocab/tokenizer.model")
     >>> ids = tokenizer.tokenize(tf.constant(["A dog runs."]), add_end=True)
     >>> tokenizer.detokenize(ids).numpy()

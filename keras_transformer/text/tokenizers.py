@@ -116,7 +116,7 @@ def train_tokenizers(
 
     >>> pairs = {"en": ["A dog runs.", "Two dogs play in the snow."] * 20,
     ...          "de": ["Ein Hund rennt.", "Zwei Hunde spielen im Schnee."] * 20}
-    >>> src_tok, tgt_tok = train_tokenizers(pairs, "en", "de", vocab_size=300,
+    >>> src_tok, tgt_tok = train_tokenizers(pairs, "en", "de", vocab_size=290,
     ...                                     output_dir="vocab")
     >>> src_tok is tgt_tok
     True
@@ -152,10 +152,10 @@ def load_tokenizers(directory):
 
     >>> pairs = {"en": ["A dog runs.", "Two dogs play in the snow."] * 20,
     ...          "de": ["Ein Hund rennt.", "Zwei Hunde spielen im Schnee."] * 20}
-    >>> _ = train_tokenizers(pairs, "en", "de", vocab_size=300, output_dir="vocab")
+    >>> _ = train_tokenizers(pairs, "en", "de", vocab_size=290, output_dir="vocab")
     >>> src_tok, tgt_tok = load_tokenizers("vocab")
     >>> src_tok.vocab_size
-    300
+    290
     """
     directory = pathlib.Path(directory)
     if (directory / MODEL_FILENAME).is_file():

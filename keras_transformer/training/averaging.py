@@ -35,7 +35,16 @@ def average_checkpoints(paths):
 
     Example:
 
-    >>> weights = average_checkpoints(epoch_checkpoints("runs/multi30k/checkpoints")[-5:])
+    >>> from keras_transformer.training.callbacks import EpochCheckpoints
+    >>> model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+    >>> model.compile(optimizer="sgd", loss="mse")
+    >>> _ = model.fit(np.ones((8, 2)), np.ones((8, 1)), epochs=3, verbose=0,
+    ...               callbacks=[EpochCheckpoints("run/checkpoints", keep=3)])
+    >>> paths = epoch_checkpoints("run/checkpoints")
+    >>> weights = average_checkpoints(paths[-2:])  # the last two epochs
+    >>> last_two = [np.load(p) for p in paths[-2:]]
+    >>> bool(np.allclose(weights[0], (last_two[0]["arr_0"] + last_two[1]["arr_0"]) / 2))
+    True
     >>> model.set_weights(weights)
     """
     paths = list(paths)
@@ -76,7 +85,8 @@ def average_run(run_dir, last=5, output=None):
 
     Example:
 
-    >>> path, used = average_run("runs/multi30k", last=5)
+    >>> path, used = average_run("runs/multi30k", last=5)  # doctest: +SKIP
+    (PosixPath('runs/multi30k/checkpoints/averaged.keras'), [... 5 epoch files])
     """
     run_dir = pathlib.Path(run_dir)
     if last < 1:
