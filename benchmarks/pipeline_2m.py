@@ -115,11 +115,13 @@ def main():
         started = time.time()
         tokenizer, _ = prepare_tokenizers(config, source.pairs("train"), tmp / "run")
         vocab_seconds = time.time() - started
+        vocab_rss = peak_rss_mib()
 
         started = time.time()
         report = prepare_data_report(source, config, tokenizer, tokenizer, tmp / "run",
                                      splits=("train",))
         count_seconds = time.time() - started
+        count_rss = peak_rss_mib()
         print(report, flush=True)
 
         dataset = make_translation_dataset(
@@ -145,7 +147,8 @@ def main():
     print(f"data report counting pass: {count_seconds:.1f}s")
     print(f"input pipeline: {batches:,} batches, {tokens:,} real tokens in "
           f"{pipeline_seconds:.1f}s = {tokens / pipeline_seconds:,.0f} real tokens/s")
-    print(f"peak RSS: {peak_rss_mib():,.0f} MiB")
+    print(f"peak RSS: {peak_rss_mib():,.0f} MiB (after the vocabulary {vocab_rss:,.0f} MiB, "
+          f"after the counting pass {count_rss:,.0f} MiB)")
 
 
 if __name__ == "__main__":

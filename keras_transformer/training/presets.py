@@ -68,16 +68,20 @@ class TrainingConfig:
     )
     target_lang: str | None = _field("de", "Target language code (see source_lang).")
     tokenizer_sample_pairs: int = _field(
-        500_000, "The vocabulary is trained on a uniform sample of at most this many training "
-        "pairs (reservoir sampling in one pass), so its memory and time are bounded."
+        200_000, "The vocabulary is trained on a uniform sample of at most this many training "
+        "pairs (reservoir sampling in one pass), so its memory and time are bounded "
+        "(SentencePiece on 200,000 pairs peaks at ~1.5 GiB RSS, on 500,000 at ~2.7 GiB: "
+        "benchmarks/pipeline_2m.py)."
     )
     drop_long_pairs: bool = _field(
         True, "Drop training/validation pairs longer than max_length tokens on either side "
         "(counted in the data report) instead of truncating them."
     )
     max_length: int = _field(
-        64, "Maximum tokens per sequence incl. START/END (the data pipeline truncates "
-        "longer ones); also the positional table size and the decoding length bound."
+        64, "Maximum tokens per training/validation sequence incl. START/END: longer pairs "
+        "are dropped (drop_long_pairs) or truncated. Validation BLEU decodes up to "
+        "max_length + 16 tokens; the model's position table covers max(max_length, 512); "
+        "an export sets its own bounds (export --max-input-length/--max-output-length)."
     )
     tokens_per_batch: int | None = _field(
         4096, "Token-based batching: about this many padded tokens per batch (a length "
@@ -267,7 +271,7 @@ PRESETS = {
         bleu_sentences=8,
     ),
     # The reference recipe: best BLEU per minute within ~60 minutes on 2 CPU cores.
-    # Measured here: float32 ~5,500 real tokens/s (mixed_bfloat16 is ~4x slower on this
+    # Measured here: float32 ~5,500 real tokens/s (mixed_bfloat16 is ~3x slower on this
     # CPU, see benchmarks/RESULTS.md): an epoch of 29,000 pairs takes ~3.3 min, so 16
     # epochs fit in an hour. A first attempt with warmup 1000 / peak 1e-3 and dropout 0.2
     # reached only 1.9 val BLEU after 2 epochs (d=128 `quick` had 6.8): in a budget of

@@ -526,7 +526,8 @@ def _load_finished_run(config, output_dir, model_path, record):
 
 
 def training_tokens_per_second(model, dataset, steps=20, warmup_steps=3):
-    """Real (non-padding) target tokens per second of `train_on_batch` over `steps` batches."""
+    """Real (non-padding) source + target tokens per second of `train_on_batch` over `steps`
+    batches (encoder tokens and labels, END included)."""
     iterator = iter(dataset.repeat())
     for _ in range(warmup_steps):
         inputs, labels = next(iterator)
