@@ -78,3 +78,20 @@ def test_release_comparison_names_the_missing_ops(tmp_path, core_and_text):
 def test_command_line_exit_status(exported, capsys):
     assert main([str(exported)]) == 0
     assert "OK for stock TF Serving" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_default_export_has_no_xla_op_and_jit_export_passes_the_check(copy_task, tmp_path,
+                                                                      core_and_text):
+    """The default export needs no XLA kernel (the growing cache writes no
+    `XlaDynamicUpdateSlice`); the `--jit` export is checked the same way and carries the
+    XLA ops that need the server's `--xla_cpu_compilation_enabled=true`."""
+    from keras_transformer.export import export_translator
+
+    default = export_translator(copy_task.translator(search="greedy"), tmp_path / "default")
+    jit = export_translator(copy_task.translator(search="greedy", jit_compile=True),
+                            tmp_path / "jit")
+    assert not any(op.startswith("Xla") for op in saved_model_ops(default))
+    assert "XlaDynamicUpdateSlice" in saved_model_ops(jit)
+    report = check_export(jit, releases=[TF_SERVING_VERSION], core_and_text=core_and_text)
+    assert report.ok, report.summary()
