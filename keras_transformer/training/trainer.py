@@ -131,6 +131,19 @@ def compile_model(model, config):
     return model
 
 
+def _batching(config, replicas):
+    """`make_translation_dataset`'s batching arguments of a run (train and validation)."""
+    return dict(
+        max_length=config.max_length,
+        batch_size=config.batch_size or 64,
+        tokens_per_batch=config.tokens_per_batch,
+        bucket_boundaries=config.bucket_boundaries,
+        batch_multiple=replicas,
+        source_lang=config.source_lang,
+        target_lang=config.target_lang,
+    )
+
+
 def make_datasets(config, splits, source_tokenizer, target_tokenizer, replicas=1,
                   data_report=None):
     """The training and validation `tf.data` pipelines of a run.
@@ -140,15 +153,7 @@ def make_datasets(config, splits, source_tokenizer, target_tokenizer, replicas=1
     progress bar with a total), and the tokenized training set is cached in memory only
     when it is small enough (`CACHE_MAX_PAIRS`).
     """
-    batching = dict(
-        max_length=config.max_length,
-        batch_size=config.batch_size or 64,
-        tokens_per_batch=config.tokens_per_batch,
-        bucket_boundaries=config.bucket_boundaries,
-        batch_multiple=replicas,
-        source_lang=config.source_lang,
-        target_lang=config.target_lang,
-    )
+    batching = _batching(config, replicas)
     train = splits["train"]
     if config.train_subset:
         train = train.take(config.train_subset)
@@ -260,15 +265,7 @@ def make_epoch_train_dataset(config, train_pairs, source_tokenizer, target_token
     Returns:
         `(dataset, steps_per_epoch)`; pass both to `fit`.
     """
-    batching = dict(
-        max_length=config.max_length,
-        batch_size=config.batch_size or 64,
-        tokens_per_batch=config.tokens_per_batch,
-        bucket_boundaries=config.bucket_boundaries,
-        batch_multiple=replicas,
-        source_lang=config.source_lang,
-        target_lang=config.target_lang,
-    )
+    batching = _batching(config, replicas)
     if data_report is not None:
         batching["drop_long"] = config.drop_long_pairs
 
