@@ -17,7 +17,15 @@ import tempfile
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 
-def measure(preset, precision, steps, warmup):
+def _value(text):
+    """A `--set` value: JSON when it parses (numbers, booleans, null), else the string."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return text
+
+
+def measure(preset, precision, steps, warmup, overrides=(), jit_compile="auto"):
     import keras
 
     from keras_transformer.data import load_multi30k
@@ -26,7 +34,9 @@ def measure(preset, precision, steps, warmup):
         build_model, compile_model, make_datasets, prepare_tokenizers, training_tokens_per_second,
     )
 
-    config = get_preset(preset).replace(precision=precision)
+    overrides = dict(item.split("=", 1) for item in overrides)
+    config = get_preset(preset).replace(
+        precision=precision, **{k: _value(v) for k, v in overrides.items()})
     keras.utils.set_random_seed(config.seed)
     if precision:
         keras.config.set_dtype_policy(precision)
@@ -34,10 +44,12 @@ def measure(preset, precision, steps, warmup):
     with tempfile.TemporaryDirectory() as tmp:
         source, target = prepare_tokenizers(config, splits["train"], tmp)
         _, train_ds, _ = make_datasets(config, splits, source, target)
-        model = compile_model(build_model(config, source, target), config)
+        jit = {"auto": "auto", "true": True, "false": False}[jit_compile]
+        model = compile_model(build_model(config, source, target), config, jit_compile=jit)
         rate = training_tokens_per_second(model, train_ds, steps=steps, warmup_steps=warmup)
     return {"preset": preset, "precision": precision or "float32", "tokens_per_second": rate,
-            "parameters": model.count_params(), "steps": steps}
+            "parameters": model.count_params(), "steps": steps,
+            "jit_compile": model.jit_compile, "overrides": overrides}
 
 
 def main():
@@ -45,25 +57,34 @@ def main():
     parser.add_argument("--preset", default="multi30k")
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--precisions", default="float32,mixed_bfloat16",
+                        help="comma-separated precisions to measure, each in a fresh process")
+    parser.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
+                        help="override a TrainingConfig field of the preset (repeatable)")
+    parser.add_argument("--jit-compile", choices=("auto", "true", "false"), default="auto",
+                        help="model.compile(jit_compile=...): Keras' 'auto' means XLA on TF")
     parser.add_argument("--precision", help="internal: measure one precision in this process")
     args = parser.parse_args()
     if args.precision:
         precision = None if args.precision == "float32" else args.precision
-        print("RESULT " + json.dumps(measure(args.preset, precision, args.steps, args.warmup)))
+        print("RESULT " + json.dumps(measure(args.preset, precision, args.steps, args.warmup,
+                                             args.set, args.jit_compile)))
         return
     rows = []
-    for precision in ("float32", "mixed_bfloat16"):
-        out = subprocess.run(
-            [sys.executable, __file__, "--preset", args.preset, "--steps", str(args.steps),
-             "--warmup", str(args.warmup), "--precision", precision],
-            capture_output=True, text=True, check=True,
-        ).stdout
+    for precision in args.precisions.split(","):
+        command = [sys.executable, __file__, "--preset", args.preset, "--steps",
+                   str(args.steps), "--warmup", str(args.warmup), "--precision", precision,
+                   "--jit-compile", args.jit_compile]
+        for item in args.set:
+            command += ["--set", item]
+        out = subprocess.run(command, capture_output=True, text=True, check=True).stdout
         rows.append(json.loads(out.split("RESULT ", 1)[1]))
-    print(f"| preset | precision | parameters | steps | real tokens/s (src+tgt) |")
-    print("|---|---|---|---|---|")
+    print("| preset | overrides | precision | XLA | parameters | steps | real tokens/s (src+tgt) |")
+    print("|---|---|---|---|---|---|---|")
     for row in rows:
-        print(f"| {row['preset']} | {row['precision']} | {row['parameters']:,} | {row['steps']} "
-              f"| {row['tokens_per_second']:,.0f} |")
+        overrides = " ".join(f"{k}={v}" for k, v in row["overrides"].items()) or "-"
+        print(f"| {row['preset']} | {overrides} | {row['precision']} | {row['jit_compile']} "
+              f"| {row['parameters']:,} | {row['steps']} | {row['tokens_per_second']:,.0f} |")
 
 
 if __name__ == "__main__":

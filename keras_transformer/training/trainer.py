@@ -118,8 +118,9 @@ def build_model(config, source_tokenizer, target_tokenizer):
     )
 
 
-def compile_model(model, config):
-    """Compiles with the masked label-smoothed loss, masked accuracy and the warm-up Adam."""
+def compile_model(model, config, jit_compile="auto"):
+    """Compiles with the masked label-smoothed loss, masked accuracy and the warm-up Adam
+    (`jit_compile` as in `keras.Model.compile`)."""
     model.compile(
         optimizer=make_optimizer(
             config.d_model, config.warmup_steps, scale=config.lr_scale,
@@ -127,6 +128,7 @@ def compile_model(model, config):
         ),
         loss=MaskedSparseCategoricalCrossentropy(label_smoothing=config.label_smoothing),
         metrics=[MaskedAccuracy()],
+        jit_compile=jit_compile,
     )
     return model
 

@@ -42,6 +42,33 @@ def test_matches_numpy_reference(smoothing):
     np.testing.assert_allclose(float(loss(labels, logits)), expected, rtol=1e-5)
 
 
+def _reference_gradient(labels, logits, smoothing, pad_id):
+    """d loss / d logits in closed form: (softmax - q) / real tokens, 0 at padding."""
+    shifted = logits - logits.max(-1, keepdims=True)
+    probs = np.exp(shifted) / np.exp(shifted).sum(-1, keepdims=True)
+    others = VOCAB_SIZE - (1 if pad_id is None else 2)
+    q = np.full(logits.shape, smoothing / others)
+    if pad_id is not None:
+        q[..., pad_id] = 0.0
+    np.put_along_axis(q, labels[..., None], 1.0 - smoothing, axis=-1)
+    real = np.ones(labels.shape) if pad_id is None else (labels != pad_id).astype("float64")
+    return (probs - q) * real[..., None] / real.sum()
+
+
+@pytest.mark.parametrize("pad_id", [0, None], ids=["pad_0", "no_pad"])
+@pytest.mark.parametrize("smoothing", [0.0, 0.1], ids=["no_smoothing", "0.1"])
+def test_gradient_is_softmax_minus_smoothed_target(smoothing, pad_id):
+    import tensorflow as tf
+
+    labels, logits = _batch()
+    loss = MaskedSparseCategoricalCrossentropy(label_smoothing=smoothing, pad_id=pad_id)
+    variable = tf.Variable(logits)
+    with tf.GradientTape() as tape:
+        value = loss(labels, variable)
+    expected = _reference_gradient(labels, logits, smoothing, pad_id)
+    np.testing.assert_allclose(tape.gradient(value, variable).numpy(), expected, atol=1e-7)
+
+
 def test_from_probabilities_equals_from_logits():
     labels, logits = _batch()
     probs = keras.ops.softmax(logits, axis=-1)
