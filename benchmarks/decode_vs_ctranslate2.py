@@ -91,8 +91,11 @@ class CTranslate2Engine:
         }
         self._common = dict(max_decoding_length=max_length, max_input_length=max_input_length)
 
+    def pieces(self, sentences):
+        return self._sentencepiece.encode(list(sentences), out_type=str)
+
     def translate(self, sentences, search):
-        pieces = self._sentencepiece.encode(list(sentences), out_type=str)
+        pieces = self.pieces(sentences)
         results = self._translator.translate_batch(
             pieces, **self._options[search], **self._common)
         return [self._sentencepiece.decode(r.hypotheses[0]) for r in results]
@@ -115,6 +118,26 @@ def _latency(engine, search, sources):
         engine.translate([sentence], search)
         latencies.append(time.perf_counter() - started)
     return len(latencies) / sum(latencies), statistics.median(latencies)
+
+
+def finished_row_share(lengths, batch_size, sort=False):
+    """Share of a batched greedy search's row-steps spent on sentences already finished.
+
+    A batch runs until its longest output ends; a row of output length `n` in a batch whose
+    longest is `m` costs `m - n` steps of wasted work (CTranslate2 drops finished rows).
+
+    >>> finished_row_share([2, 4, 4, 2], batch_size=2)
+    0.25
+    >>> finished_row_share([2, 4, 4, 2], batch_size=2, sort=True)
+    0.0
+    """
+    lengths = sorted(lengths) if sort else list(lengths)
+    spent = useful = 0
+    for start in range(0, len(lengths), batch_size):
+        batch = lengths[start:start + batch_size]
+        spent += max(batch) * len(batch)
+        useful += sum(batch)
+    return 1.0 - useful / spent if spent else 0.0
 
 
 def _bleu(hypotheses, references):
@@ -169,6 +192,12 @@ def main(argv=None):
             _, hypotheses = _throughput(engine, "greedy", sources, args.batch_size)
             check[engine.name] = _bleu(hypotheses, references)
         difference = abs(check[ours.name] - check[theirs.name])
+        # Output lengths in pieces, END included: what a batched greedy search steps over.
+        lengths = [len(p) + 1 for p in theirs.pieces(hypotheses)]
+        print(f"greedy row-steps spent on finished sentences: "
+              f"{100 * finished_row_share(lengths, args.batch_size):.1f}% (batches in input "
+              f"order), {100 * finished_row_share(lengths, args.batch_size, sort=True):.1f}% "
+              "(sorted by output length: the floor that sorting by source length approaches)", flush=True)
         print(f"conversion check, greedy BLEU: ours {check[ours.name]:.2f}, CTranslate2 "
               f"{check[theirs.name]:.2f} (difference {difference:.2f})", flush=True)
         if difference > args.bleu_tolerance:

@@ -55,6 +55,12 @@ def parse_args(argv=None):
     parser.add_argument("--warmup", type=int, default=5, help="untimed steps per model first")
     parser.add_argument("--learning-rate", type=float, default=1e-4)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--loss", choices=("same", "own"), default="same",
+        help="same: both models use keras' SparseCategoricalCrossentropy(ignore_class=0), "
+        "which compares the layers alone; own: ours trains with the loss our recipes use, "
+        "MaskedSparseCategoricalCrossentropy(label_smoothing=0.1), keras-hub's keeps keras' "
+        "(which has no label smoothing, so it does less work)")
     return parser.parse_args(argv)
 
 
@@ -141,11 +147,14 @@ def build_keras_hub(args):
     )
 
 
-def compile_model(model, args):
-    model.compile(
-        optimizer=keras.optimizers.Adam(args.learning_rate),
-        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True, ignore_class=PAD_ID),
-    )
+def compile_model(model, args, own_loss=False):
+    if own_loss:
+        from keras_transformer.training.losses import MaskedSparseCategoricalCrossentropy
+
+        loss = MaskedSparseCategoricalCrossentropy(label_smoothing=0.1, pad_id=PAD_ID)
+    else:
+        loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True, ignore_class=PAD_ID)
+    model.compile(optimizer=keras.optimizers.Adam(args.learning_rate), loss=loss)
     return model
 
 
@@ -157,8 +166,8 @@ def real_tokens(inputs, labels):
 def run(args):
     keras.utils.set_random_seed(args.seed)
     models = {"keras_transformer": build_ours(args), "keras_hub": build_keras_hub(args)}
-    for model in models.values():
-        compile_model(model, args)
+    for name, model in models.items():
+        compile_model(model, args, own_loss=args.loss == "own" and name == "keras_transformer")
     batches = make_batches(args, args.warmup + args.steps)
     seconds = dict.fromkeys(models, 0.0)
     tokens = 0
@@ -188,7 +197,7 @@ def main(argv=None):
     print(
         f"{args.layers}+{args.layers} layers, d_model {args.d_model}, {args.heads} heads, "
         f"ff {args.ff_dim}, vocab {args.vocab_size}, batches {args.batch_size}x{args.length}, "
-        f"{args.steps} timed steps after {args.warmup} warm-up steps"
+        f"{args.steps} timed steps after {args.warmup} warm-up steps, loss: {args.loss}"
     )
     print("| model | parameters | real tokens/s (src+tgt) |")
     print("|---|---|---|")

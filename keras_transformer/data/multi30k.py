@@ -185,8 +185,12 @@ def multi30k_split_files(source_lang, target_lang, split, local_dir=None):
 
     Example:
 
-    >>> multi30k_split_files("fr", "en", "test_2017_mscoco")  # doctest: +SKIP
-    (PosixPath('.../test_2017_mscoco.fr.gz'), PosixPath('.../test_2017_mscoco.en.gz'))
+    >>> multi30k_split_files("en", "de", "test")
+    (PosixPath('.../test_2016_flickr.en.gz'), PosixPath('.../test_2016_flickr.de.gz'))
+    >>> multi30k_split_files("cs", "en", "test_2017_mscoco")
+    Traceback (most recent call last):
+    ...
+    ValueError: Multi30K has no split 'test_2017_mscoco' for cs-en; it has ['train', ...].
     """
     split = SPLIT_ALIASES.get(split, split)
     available = multi30k_splits(source_lang, target_lang)

@@ -14,11 +14,14 @@ the same source again, e.g. for `keras-transformer evaluate`.
 
 Example:
 
->>> source = open_source("files", {"train": ["train.fr", "train.en"],
-...                                "validation": ["val.fr", "val.en"]})  # doctest: +SKIP
->>> source.source_lang, source.target_lang  # doctest: +SKIP
+>>> _ = pathlib.Path("train.fr").write_text("Un chien court.\\nUn chat dort.\\n")
+>>> _ = pathlib.Path("train.en").write_text("A dog runs.\\nA cat sleeps.\\n")
+>>> source = open_source("files", {"train": ["train.fr", "train.en"]})
+>>> source.source_lang, source.target_lang
 ('fr', 'en')
->>> next(source.pairs("train"))  # doctest: +SKIP
+>>> source.splits()
+['train']
+>>> next(source.pairs("train"))
 ('Un chien court.', 'A dog runs.')
 """
 
@@ -415,9 +418,16 @@ def open_source(data="multi30k", data_files=None, source_lang=None, target_lang=
 
     Example:
 
-    >>> source = open_source("tfds:ted_hrlr_translate/pt_to_en")  # doctest: +SKIP
-    >>> source.source_lang, source.target_lang  # doctest: +SKIP
-    ('pt', 'en')
+    >>> _ = pathlib.Path("pairs.tsv").write_text("Ein Hund läuft.\\tA dog runs.\\n")
+    >>> source = open_source("tsv", {"train": "pairs.tsv"}, source_lang="de",
+    ...                      target_lang="en")
+    >>> list(source.pairs("train"))
+    [('Ein Hund läuft.', 'A dog runs.')]
+    >>> open_source("multi30k").spec()["source_lang"]  # Multi30K: en->de by default
+    'en'
+
+    (`open_source("tfds:ted_hrlr_translate/pt_to_en")` opens a TFDS dataset, its
+    languages read from the supervised keys: `('pt', 'en')`.)
     """
     if data == "multi30k":
         return Multi30kSource(source_lang or "en", target_lang or "de", local_dir=local_dir)

@@ -85,8 +85,15 @@ def average_run(run_dir, last=5, output=None):
 
     Example:
 
-    >>> path, used = average_run("runs/multi30k", last=5)  # doctest: +SKIP
-    (PosixPath('runs/multi30k/checkpoints/averaged.keras'), [... 5 epoch files])
+    >>> from keras_transformer.training.callbacks import EpochCheckpoints
+    >>> model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+    >>> model.compile(optimizer="sgd", loss="mse")
+    >>> _ = model.fit(np.ones((8, 2)), np.ones((8, 1)), epochs=4, verbose=0,
+    ...               callbacks=[EpochCheckpoints("run/checkpoints", keep=3)])
+    >>> model.save("run/model.keras")
+    >>> path, used = average_run("run", last=2)
+    >>> path.as_posix(), [pathlib.Path(p).name for p in used]
+    ('run/checkpoints/averaged.keras', ['epoch-003.weights.npz', 'epoch-004.weights.npz'])
     """
     run_dir = pathlib.Path(run_dir)
     if last < 1:

@@ -10,23 +10,30 @@ English → German on Multi30K (29,000 training pairs): load the data through TF
 shared SentencePiece vocabulary, build the tf.data pipeline, build the model with
 `build_transformer`, train it with `model.fit` (masked label-smoothed loss, the paper's
 warm-up schedule, Adam β2 = 0.98), plot the learning curves, and translate a few held-out
-sentences with cached beam search inside the graph.
+sentences with cached beam search inside the graph. The last section shows the reference
+recipe's run (`keras-transformer train --preset multi30k`): its learning curves over the
+whole run and its translations.
 
 The parameters are at the top; CI runs this notebook with `KT_NOTEBOOK_CI=1`, which shrinks
-them to seconds.""")
+them to seconds (and skips the reference run). The outputs committed with the notebook come
+from a real run on the project's 2-core machine: 1 epoch of the `quick` preset here, and the
+reference run of `benchmarks/RESULTS.md`.""")
 
 code("""import os
 
-# Parameters: the `quick` preset (d_model 256, 2+2 layers) trains in about 5 minutes on 2 CPU cores.
+# Parameters: the `quick` preset (d_model 256, 2+2 layers), one epoch: about 3 minutes on 2 CPU cores.
 PRESET = "quick"
-EPOCHS = 2
+EPOCHS = 1
 TRAIN_SUBSET = None          # e.g. 5000 for a faster look; None = all 29,000 pairs
 OUTPUT_DIR = "../runs/notebook01"
 BEAM_SIZE = 4
+# A finished run of `keras-transformer train --preset multi30k --output runs/multi30k`.
+REFERENCE_RUN = os.environ.get("KT_REFERENCE_RUN", "../runs/multi30k")
 
 if os.environ.get("KT_NOTEBOOK_CI"):   # CI: tiny model, a few hundred pairs, seconds
     PRESET, EPOCHS, TRAIN_SUBSET, BEAM_SIZE = "tiny", 2, 400, 2
     OUTPUT_DIR = "/tmp/kt_notebook01_ci"
+    REFERENCE_RUN = None
 """)
 
 code("""import shutil
@@ -41,6 +48,7 @@ from keras_transformer.text import train_tokenizers
 from keras_transformer.training import (MaskedAccuracy, MaskedSparseCategoricalCrossentropy,
                                         get_preset, make_optimizer)
 
+plt.rcParams["figure.dpi"] = 72      # small PNGs in the committed notebook
 config = get_preset(PRESET).replace(epochs=EPOCHS, train_subset=TRAIN_SUBSET, steps_per_epoch=None)
 keras.utils.set_random_seed(config.seed)
 shutil.rmtree(OUTPUT_DIR, ignore_errors=True)
@@ -93,7 +101,7 @@ print(f"{model.count_params():,} parameters")
 history = model.fit(train_ds, validation_data=val_ds, epochs=config.epochs,
                     callbacks=[keras.callbacks.BackupAndRestore(os.path.join(OUTPUT_DIR, "backup"))])""")
 
-code("""fig, (ax_loss, ax_acc) = plt.subplots(1, 2, figsize=(10, 3.5))
+code("""fig, (ax_loss, ax_acc) = plt.subplots(1, 2, figsize=(9, 3))
 epochs = range(1, len(history.history["loss"]) + 1)
 ax_loss.plot(epochs, history.history["loss"], "o-", label="train")
 ax_loss.plot(epochs, history.history["val_loss"], "o-", label="validation")
@@ -118,6 +126,51 @@ for example, translation in zip(examples, translator([e["en"].decode() for e in 
     print("OUT:", translation)
     print("REF:", example["de"].decode(), "\\n")
 model.save(os.path.join(OUTPUT_DIR, "model.keras"))""")
+
+md("""## The reference recipe's run
+The `multi30k` preset trained by `keras-transformer train --preset multi30k --output
+runs/multi30k` (the run of `benchmarks/RESULTS.md`). Its `history.json` holds every epoch's
+logs and wall time; validation BLEU (greedy, 500 sentences) every second epoch picked
+`checkpoints/best.keras`, and `keras-transformer average` wrote the mean of the last 5 epochs
+to `checkpoints/averaged.keras`.""")
+
+code("""import json
+import pathlib
+
+import numpy as np
+
+from keras_transformer.export import load_run
+
+reference = pathlib.Path(REFERENCE_RUN) if REFERENCE_RUN else None
+if reference is None or not (reference / "history.json").is_file():
+    print(f"No finished reference run at {REFERENCE_RUN}: train one with "
+          "`keras-transformer train --preset multi30k --output runs/multi30k`.")
+else:
+    record = json.loads((reference / "history.json").read_text())
+    logs, minutes = record["history"], np.cumsum(record["epoch_seconds"]) / 60
+    fig, (ax_loss, ax_bleu) = plt.subplots(1, 2, figsize=(9, 3))
+    ax_loss.plot(minutes, logs["loss"], "o-", label="train")
+    ax_loss.plot(minutes, logs["val_loss"], "o-", label="validation")
+    ax_loss.set(xlabel="training minutes", ylabel="label-smoothed loss", title="Loss")
+    ax_loss.legend()
+    scored = [(m, b) for m, b in zip(minutes, logs.get("val_bleu", [])) if b is not None]
+    ax_bleu.plot(*zip(*scored), "o-")
+    ax_bleu.set(xlabel="training minutes", ylabel="BLEU", title="Validation BLEU (greedy, 500 sentences)")
+    fig.tight_layout()
+    print(f"{record['epochs']} epochs in {record['train_seconds'] / 60:.1f} minutes of training")""")
+
+code("""if reference is not None and (reference / "history.json").is_file():
+    checkpoint = "averaged" if (reference / "checkpoints" / "averaged.keras").is_file() else "best"
+    reference_model, source_tokenizer, target_tokenizer, _ = load_run(reference, checkpoint)
+    reference_translator = Translator(
+        reference_model, source_tokenizer, target_tokenizer,
+        DecodingConfig(search="beam", beam_size=4, max_output_length=64))
+    print(f"checkpoint: {checkpoint}\\n")
+    for example, translation in zip(
+            examples, reference_translator([e["en"].decode() for e in examples])):
+        print("EN :", example["en"].decode())
+        print("OUT:", translation)
+        print("REF:", example["de"].decode(), "\\n")""")
 
 nb = nbf.v4.new_notebook(cells=cells, metadata={"kernelspec": {"display_name": "Python 3", "language": "python", "name": "python3"}, "language_info": {"name": "python"}})
 nbf.write(nb, "notebooks/01_train_multi30k.ipynb")
