@@ -51,9 +51,8 @@ def _translate(translator, sentences, batch_size):
     out = [None] * len(sentences)
     for start in range(0, len(order), batch_size):
         chunk = order[start:start + batch_size]
-        result = translator([sentences[i] for i in chunk])
-        for i, text in zip(chunk, result["translation"].numpy()):
-            out[i] = text.decode("utf-8")
+        for i, text in zip(chunk, translator([sentences[i] for i in chunk])):
+            out[i] = text
     return out
 
 
