@@ -12,6 +12,7 @@ then `keras-transformer evaluate --split test`).
 """
 
 import argparse
+import itertools
 import os
 import time
 
@@ -37,30 +38,15 @@ def _validation_pairs(config, limit):
                          config.get("source_lang"), config.get("target_lang"))
     if "validation" not in source.splits():
         raise SystemExit(f"The run's data source has no validation split: {source.splits()}")
-    pairs = []
-    for pair in source.pairs("validation"):
-        pairs.append(pair)
-        if limit and len(pairs) == limit:
-            break
+    pairs = list(itertools.islice(source.pairs("validation"), limit or None))
     return [s for s, _ in pairs], [t for _, t in pairs]
-
-
-def _translate(translator, sentences, batch_size):
-    """Translations in input order; batches of similar source lengths (less padding)."""
-    order = sorted(range(len(sentences)), key=lambda i: len(sentences[i].split()))
-    out = [None] * len(sentences)
-    for start in range(0, len(order), batch_size):
-        chunk = order[start:start + batch_size]
-        for i, text in zip(chunk, translator([sentences[i] for i in chunk])):
-            out[i] = text
-    return out
 
 
 def main(argv=None):
     args = _parse_args(argv)
     import sacrebleu
 
-    from keras_transformer.export import DecodingConfig, Translator
+    from keras_transformer.export import DecodingConfig, Translator, translate_by_length
     from keras_transformer.export.run import load_run
 
     rows = []
@@ -74,7 +60,7 @@ def main(argv=None):
                 search="beam" if args.beam_size > 1 else "greedy", beam_size=args.beam_size,
                 alpha=alpha))
             started = time.time()
-            hypotheses = _translate(translator, sources, args.batch_size)
+            hypotheses = translate_by_length(sources, args.batch_size, translator)
             bleu = sacrebleu.corpus_bleu(hypotheses, [references]).score
             rows.append((checkpoint, alpha, bleu, time.time() - started))
             print(f"{checkpoint} alpha {alpha}: validation BLEU {bleu:.2f} "

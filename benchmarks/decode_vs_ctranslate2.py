@@ -197,7 +197,8 @@ def main(argv=None):
         print(f"greedy row-steps spent on finished sentences: "
               f"{100 * finished_row_share(lengths, args.batch_size):.1f}% (batches in input "
               f"order), {100 * finished_row_share(lengths, args.batch_size, sort=True):.1f}% "
-              "(sorted by output length: the floor that sorting by source length approaches)", flush=True)
+              "(sorted by output length: the floor that sorting by source length approaches)",
+              flush=True)
         print(f"conversion check, greedy BLEU: ours {check[ours.name]:.2f}, CTranslate2 "
               f"{check[theirs.name]:.2f} (difference {difference:.2f})", flush=True)
         if difference > args.bleu_tolerance:

@@ -5,6 +5,7 @@ from keras_transformer.export.inference import (
     evaluate_export,
     evaluate_translations,
     read_lines,
+    translate_by_length,
 )
 from keras_transformer.export.saved_model import export_translator, latest_version_dir, next_version
 from keras_transformer.export.run import load_run, model_path
@@ -23,4 +24,5 @@ __all__ = [
     "latest_version_dir",
     "next_version",
     "read_lines",
+    "translate_by_length",
 ]

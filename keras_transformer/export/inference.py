@@ -54,6 +54,34 @@ def read_export_metadata(path):
     return json.loads(record.read_text()) if record.is_file() else {}
 
 
+def translate_by_length(sentences, batch_size, translate_batch, on_batch=None):
+    """Translates `sentences` in batches of similar length; results in input order.
+
+    Args:
+        sentences: list of str or bytes, sorted by `len` into batches (less padding).
+        batch_size: int, sentences per call of `translate_batch`.
+        translate_batch: callable, list of sentences -> list of results, one per sentence.
+        on_batch: callable or None, called with the size of each batch once it is done.
+
+    Returns:
+        A list of results, `results[i]` for `sentences[i]`.
+
+    Example:
+
+    >>> translate_by_length(["ccc", "a", "bb"], 2, lambda batch: [s.upper() for s in batch])
+    ['CCC', 'A', 'BB']
+    """
+    order = sorted(range(len(sentences)), key=lambda i: len(sentences[i]))
+    results = [None] * len(sentences)
+    for start in range(0, len(order), batch_size):
+        indices = order[start : start + batch_size]
+        for index, result in zip(indices, translate_batch([sentences[i] for i in indices])):
+            results[index] = result
+        if on_batch is not None:
+            on_batch(len(indices))
+    return results
+
+
 class ExportedTranslator:
     """An exported translator loaded for inference in Python.
 
@@ -162,16 +190,7 @@ class ExportedTranslator:
             buffer = [_as_bytes(s) for s in itertools.islice(iterator, buffer_size)]
             if not buffer:
                 return
-            order = sorted(range(len(buffer)), key=lambda i: len(buffer[i]))
-            results = [None] * len(buffer)
-            for start in range(0, len(order), batch_size):
-                indices = order[start : start + batch_size]
-                for index, result in zip(indices, self._translate_batch(
-                        [buffer[i] for i in indices])):
-                    results[index] = result
-                if on_batch is not None:
-                    on_batch(len(indices))
-            yield from results
+            yield from translate_by_length(buffer, batch_size, self._translate_batch, on_batch)
 
     def _translate_batch(self, batch):
         """One signature call: list of bytes -> list of result dicts."""

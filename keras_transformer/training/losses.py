@@ -68,10 +68,8 @@ def smoothed_cross_entropy_from_logits(labels, logits, label_smoothing, pad_id):
                                 off_value=smoothing, dtype=tf.float32)
             if pad_id is not None and label_smoothing > 0.0:
                 # q_pad = 0 (unless the label is padding, whose upstream gradient is 0).
-                target = target - tf.one_hot(
-                    tf.fill(tf.shape(labels), pad_id), vocab_size, on_value=smoothing,
-                    off_value=0.0, dtype=tf.float32,
-                )
+                target = target - tf.one_hot(pad_id, vocab_size, on_value=smoothing,
+                                             off_value=0.0, dtype=tf.float32)  # (V,)
             return upstream[..., None] * (exp / total - target)
 
         return losses, gradient
@@ -176,9 +174,14 @@ class MaskedSparseCategoricalCrossentropy(keras.losses.Loss):
             losses = smoothed_cross_entropy_from_logits(
                 y_true, ops.cast(y_pred, self.dtype), self.label_smoothing, self.pad_id
             )
-            if self.pad_id is not None:
-                losses = ops.where(ops.not_equal(y_true, self.pad_id), losses, 0.0)
-            return losses
+        else:
+            losses = self._smoothed_cross_entropy(y_true, y_pred)
+        if self.pad_id is not None:
+            losses = ops.where(ops.not_equal(y_true, self.pad_id), losses, 0.0)
+        return losses
+
+    def _smoothed_cross_entropy(self, y_true, y_pred):
+        """Per-token loss `(B, T)` by autodiff of `log p` (probabilities, other backends)."""
         log_probs = self._log_probs(y_pred)  # (B, T, V)
         vocab_size = ops.shape(log_probs)[-1]
         true_log_prob = ops.take_along_axis(
@@ -194,8 +197,6 @@ class MaskedSparseCategoricalCrossentropy(keras.losses.Loss):
                 num_other = num_other - 1.0
             smoothing = self.label_smoothing / num_other
             losses = (1.0 - self.label_smoothing) * losses - smoothing * other_log_probs
-        if self.pad_id is not None:
-            losses = ops.where(ops.not_equal(y_true, self.pad_id), losses, 0.0)
         return losses
 
     def __call__(self, y_true, y_pred, sample_weight=None):
