@@ -1,0 +1,46 @@
+"""The committed notebooks carry the outputs of a real run (pictures a reader on GitHub sees),
+at a modest size; CI executes them in fast mode without writing those outputs back."""
+
+import base64
+import json
+import pathlib
+
+import pytest
+
+NOTEBOOKS = pathlib.Path(__file__).resolve().parents[1] / "notebooks"
+# Largest committed PNG and notebook file.
+MAX_PNG_BYTES = 150_000
+MAX_NOTEBOOK_BYTES = 1_000_000
+
+
+def _outputs(name):
+    notebook = json.loads((NOTEBOOKS / name).read_text(encoding="utf-8"))
+    return [output for cell in notebook["cells"] if cell["cell_type"] == "code"
+            for output in cell.get("outputs", [])]
+
+
+@pytest.mark.parametrize("name, pictures", [("01_train_multi30k.ipynb", 2),
+                                            ("02_attention.ipynb", 1)])
+def test_committed_notebook_has_real_outputs(name, pictures):
+    outputs = _outputs(name)
+    pngs = [base64.b64decode(o["data"]["image/png"]) for o in outputs
+            if "image/png" in o.get("data", {})]
+    assert len(pngs) >= pictures, f"{name}: {len(pngs)} pictures committed"
+    assert all(len(png) <= MAX_PNG_BYTES for png in pngs), [len(png) for png in pngs]
+    assert (NOTEBOOKS / name).stat().st_size <= MAX_NOTEBOOK_BYTES
+    errors = [o for o in outputs if o.get("output_type") == "error"]
+    assert not errors, errors
+    text = "".join("".join(o.get("text", "")) for o in outputs)
+    assert "KT_NOTEBOOK_CI" not in text and "/tmp/kt_notebook" not in text, (
+        "the committed outputs come from a fast CI run, not a real one")
+
+
+def test_reference_run_section_ran_in_notebook_01():
+    text = "".join("".join(o.get("text", "")) for o in _outputs("01_train_multi30k.ipynb"))
+    assert "epochs in" in text and "minutes of training" in text, "no reference-run curves"
+    assert "checkpoint: " in text, "no translations of the reference model"
+
+
+def test_notebook_02_shows_the_reference_model():
+    text = "".join("".join(o.get("text", "")) for o in _outputs("02_attention.ipynb"))
+    assert "Loaded the trained run ../runs/multi30k" in text
