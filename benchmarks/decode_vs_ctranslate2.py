@@ -16,10 +16,15 @@
    most `--max-output-length` output tokens.
 4. Prints a Markdown table: sentences/s, BLEU, and the ratio ours / CTranslate2.
 
+`--compare-keep-finished` also exports the same weights with `drop_finished=False` (finished
+sentences stay in the batch, as before that option existed) and times it at batch
+`--batch-size` in the same run (at batch 1 the two exports run the same steps).
+
 Run it alone on a quiet machine for figures worth recording (benchmarks/RESULTS.md).
 """
 
 import argparse
+import dataclasses
 import os
 import statistics
 import sys
@@ -49,17 +54,18 @@ def _parse_args(argv):
     parser.add_argument("--bleu-tolerance", type=float, default=0.5,
                         help="largest greedy BLEU difference accepted by the conversion check")
     parser.add_argument("--data-dir", help="raw Multi30K directory (see `keras-transformer`)")
+    parser.add_argument("--compare-keep-finished", action="store_true",
+                        help="also time an export that keeps finished sentences in the batch")
     return parser.parse_args(argv)
 
 
 class OurEngine:
     """The exported SavedModel's signatures, called on raw text."""
 
-    name = "SavedModel"
-
-    def __init__(self, export_dir):
+    def __init__(self, export_dir, name="SavedModel"):
         from keras_transformer.export import ExportedTranslator
 
+        self.name = name
         self._translators = {
             "beam": ExportedTranslator(export_dir, signature="translate"),
             "greedy": ExportedTranslator(export_dir, signature="translate_greedy"),
@@ -180,6 +186,12 @@ def main(argv=None):
         ct2_dir = convert(model, source_tokenizer, target_tokenizer, os.path.join(tmp, "ct2"),
                           quantization=args.quantization)
         ours = OurEngine(export_dir)
+        kept = None
+        if args.compare_keep_finished:
+            kept = OurEngine(export_translator(
+                Translator(model, source_tokenizer, target_tokenizer,
+                           dataclasses.replace(config, drop_finished=False)),
+                os.path.join(tmp, "export_kept")), name="SavedModel, finished kept")
         theirs = CTranslate2Engine(
             ct2_dir, source_tokenizer.model_path, args.threads, args.beam_size, args.alpha,
             args.max_output_length, config.max_input_length)
@@ -210,9 +222,12 @@ def main(argv=None):
         latency_sources = sources[: args.latency_sentences]
         for search in SEARCHES:
             figures = {}
-            for engine in (ours, theirs):
+            for engine in (ours, theirs) if kept is None else (ours, kept, theirs):
                 rate, hypotheses = _throughput(engine, search, sources, args.batch_size)
-                rate_one, median = _latency(engine, search, latency_sources)
+                if engine is kept:  # batch 1: the same steps as `ours`
+                    rate_one, median = figures[ours.name][2:]
+                else:
+                    rate_one, median = _latency(engine, search, latency_sources)
                 figures[engine.name] = (rate, _bleu(hypotheses, references), rate_one, median)
                 print(f"{search} {engine.name}: {rate:.1f} sent/s (batch {args.batch_size}), "
                       f"{rate_one:.1f} sent/s and {1000 * median:.0f} ms median (batch 1), "
@@ -235,6 +250,9 @@ def main(argv=None):
         (ct2_rate, _, ct2_one, ct2_median) = figures[theirs.name]
         print(f"| {label[search]} | {ours_rate / ct2_rate:.2f}x | {ours_one / ct2_one:.2f}x | "
               f"{ours_median / ct2_median:.2f}x |")
+        if kept is not None:
+            print(f"| {label[search]}, finished kept | "
+                  f"{figures[kept.name][0] / ct2_rate:.2f}x | | |")
     return 0
 
 

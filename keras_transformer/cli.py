@@ -234,6 +234,7 @@ def cmd_export(args):
             top_p=args.top_p,
             disable_unk=not args.allow_unk,
             jit_compile=args.jit,
+            drop_finished=not args.keep_finished,
         )
     except ValueError as error:
         raise SystemExit(f"keras-transformer export: {error}") from None
@@ -502,6 +503,10 @@ def build_parser():
                         "model server must run with --xla_cpu_compilation_enabled=true)")
     export.add_argument("--allow-unk", action="store_true",
                         help="let the searches produce the UNK piece (never produced by default)")
+    export.add_argument("--keep-finished", action="store_true",
+                        help="greedy and beam search keep decoding finished sentences (fed "
+                        "padding) instead of dropping them from the batch; same results, "
+                        "slower: for comparisons")
     export.set_defaults(func=cmd_export)
 
     translate = sub.add_parser(

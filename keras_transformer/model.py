@@ -337,7 +337,7 @@ class TransformerParts:
         The memory part (cross-attention keys/values, padding bias), the fused kernels and
         the position table are computed once here and captured by `next_logits`, so a
         beam search neither tiles nor reorders them; `cache` holds the self-attention
-        keys/values only.
+        keys/values only. `search_step` passes the memory as an argument instead.
 
         Args:
             memory: `(B, S, d_model)` from `encode`.
@@ -351,19 +351,41 @@ class TransformerParts:
         Returns:
             `(next_logits(tokens (N, 1), cache, index) -> (logits (N, V), cache), cache)`.
         """
+        step, cache, memory_state = self.search_step(memory, memory_mask, max_length,
+                                                     fixed_length)
+
+        def next_logits(tokens, cache, index):
+            return step(tokens, cache, index, memory_state)
+
+        return next_logits, cache
+
+    def search_step(self, memory, memory_mask, max_length, fixed_length=False):
+        """`step_function` with the memory as the step's fourth argument.
+
+        For the searches' `sentence_cache` (with `drop_finished`, finished sentences leave
+        the batch, their memory rows with them): nothing with a batch axis is captured.
+
+        Args:
+            memory, memory_mask, max_length, fixed_length: as in `step_function`.
+
+        Returns:
+            `(next_logits(tokens (N, 1), cache, index, memory_state) -> (logits (N, V),
+            cache), cache, memory_state)`, `memory_state` with `B` rows (`N = B * K` for
+            `K` adjacent beams per sentence).
+        """
         memory_state = self.memory_state(memory, memory_mask)
         weights = self._step_weights()
         table = self._position_table(max_length)  # (T_max, d_model)
         fixed = max_length if fixed_length else None
 
-        def next_logits(tokens, cache, index):
+        def next_logits(tokens, cache, index, memory_state):
             positions = ops.take(table, ops.reshape(index, (1,)), axis=0)  # (1, d_model)
             logits, self_cache = self._step(
                 tokens, cache["self"], memory_state, index, weights, positions, fixed
             )
             return logits, {"self": self_cache}
 
-        return next_logits, {"self": self._empty_self_cache(memory, fixed or 0)}
+        return next_logits, {"self": self._empty_self_cache(memory, fixed or 0)}, memory_state
 
     def _step_weights(self):
         """`(per block weights, (projection kernel, bias))`.

@@ -41,6 +41,8 @@ def beam_search(
     max_lengths=None,
     return_all_beams=False,
     unk_id=None,
+    sentence_cache=None,
+    drop_finished=False,
 ):
     """Beam search with the GNMT length penalty, keeping alive and finished hypotheses.
 
@@ -90,6 +92,12 @@ def beam_search(
             (best first) instead of the best one. Defaults to `False`.
         unk_id: int or `None`, the UNK token, never produced when given, as in
             `greedy_search`. Defaults to `None`.
+        sentence_cache: optional nest of tensors with leading axis `B` (one row per
+            example, not tiled to beams) that the steps read but never change, such as the
+            encoder's memory; `next_logits` then receives it as a fourth argument and must
+            match an example's row to its `K` adjacent beam rows. Defaults to `None`.
+        drop_finished: bool, done examples leave the batch, as in `greedy_search`: their
+            beam rows stop costing compute. Defaults to `False`.
 
     Returns:
         A `SearchResult` for the best finished hypothesis of every example: `tokens` int32
@@ -123,6 +131,7 @@ def beam_search(
     batch_size = tf.convert_to_tensor(batch_size, tf.int32)
     bounds = utils.resolve_max_lengths(max_lengths, batch_size, max_length)  # (B,)
     cache = utils.tile_beams(utils.to_tensors(initial_cache), beam_size)  # (B*K, ...)
+    sentences = utils.to_tensors(sentence_cache if sentence_cache is not None else {})
 
     # Only the first beam is alive at the start, so the first step's K extensions differ.
     first_log_probs = tf.tile(
@@ -143,14 +152,20 @@ def beam_search(
     )
     done = tf.zeros([batch_size], tf.bool)
 
-    def cond(step, unused_alive, unused_cache, unused_finished, done):
+    def cond(step, unused_alive, unused_cache, unused_sentences, unused_finished, done,
+             *unused):
         return tf.logical_not(tf.reduce_all(done))
 
-    def body(step, alive, cache, finished, done):
+    def step_fn(step, alive, cache, sentences, finished, done, bounds):
+        """One step for the `B` examples still decoded (all of them unless dropping)."""
         last_tokens, alive_seq, alive_log_probs = alive
-        logits, cache = next_logits(last_tokens, cache, step)
+        if sentence_cache is None:
+            logits, cache = next_logits(last_tokens, cache, step)
+        else:
+            logits, cache = next_logits(last_tokens, cache, step, sentences)
         logits = tf.cast(logits, tf.float32)  # (B*K, V)
         vocab_size = tf.shape(logits)[-1]
+        batch_size = tf.shape(alive_log_probs)[0]
         log_probs = utils.mask_tokens(tf.nn.log_softmax(logits, axis=-1), forbidden)
         log_probs = tf.reshape(log_probs, [batch_size, beam_size, -1])  # (B, K, V)
         candidate_log_probs = alive_log_probs[:, :, None] + log_probs  # (B, K, V)
@@ -211,30 +226,58 @@ def beam_search(
             new_seq,
             alive_log_probs,
         )
-        return step + 1, alive, cache, finished, done
-    _, _, _, finished, _ = tf.while_loop(
-        cond,
-        body,
-        loop_vars=(tf.constant(0, tf.int32), alive, cache, finished, done),
-        shape_invariants=(
-            tf.TensorShape([]),
-            (
-                tf.TensorShape([None, 1]),
-                tf.TensorShape([None, beam_size, max_length]),
-                tf.TensorShape([None, beam_size]),
-            ),
-            utils.relaxed_batch_shapes(cache),
-            (
-                tf.TensorShape([None, beam_size, max_length]),
-                tf.TensorShape([None, beam_size]),
-                tf.TensorShape([None, beam_size]),
-                tf.TensorShape([None, beam_size]),
-                tf.TensorShape([None, beam_size]),
-            ),
-            tf.TensorShape([None]),
-        ),
-        maximum_iterations=max_length,
+        return alive, cache, finished, done
+
+    finished_invariants = (
+        tf.TensorShape([None, beam_size, max_length]),
+        tf.TensorShape([None, beam_size]),
+        tf.TensorShape([None, beam_size]),
+        tf.TensorShape([None, beam_size]),
+        tf.TensorShape([None, beam_size]),
     )
+    invariants = (
+        tf.TensorShape([]),
+        (
+            tf.TensorShape([None, 1]),
+            tf.TensorShape([None, beam_size, max_length]),
+            tf.TensorShape([None, beam_size]),
+        ),
+        utils.relaxed_batch_shapes(cache),
+        utils.relaxed_batch_shapes(sentences),
+        finished_invariants,
+        tf.TensorShape([None]),
+    )
+    loop_vars = (tf.constant(0, tf.int32), alive, cache, sentences, finished, done)
+    if not drop_finished:
+        def body(step, alive, cache, sentences, finished, done):
+            alive, cache, finished, done = step_fn(
+                step, alive, cache, sentences, finished, done, bounds)
+            return step + 1, alive, cache, sentences, finished, done
+
+        finished = tf.while_loop(cond, body, loop_vars=loop_vars, shape_invariants=invariants,
+                                 maximum_iterations=max_length)[4]
+    else:
+        def body(step, alive, cache, sentences, finished, done, bounds, rows, output):
+            alive, cache, finished, done = step_fn(
+                step, alive, cache, sentences, finished, done, bounds)
+            # Per example: the alive sequences and scores, the finished set, `done`; the
+            # beam rows: the last tokens and the cache.
+            active = ((alive[1], alive[2]), sentences, finished, done, bounds, rows)
+            active, (last_tokens, cache), output = utils.drop_done_rows(
+                active, output, rows, done, finished, beams=(alive[0], cache),
+                beam_size=beam_size)
+            (alive_seq, alive_log_probs), sentences, finished, done, bounds, rows = active
+            return (step + 1, (last_tokens, alive_seq, alive_log_probs), cache, sentences,
+                    finished, done, bounds, rows, output)
+
+        loop = tf.while_loop(
+            cond, body,
+            loop_vars=loop_vars + (bounds, tf.range(batch_size), finished),
+            shape_invariants=invariants + (
+                tf.TensorShape([None]), tf.TensorShape([None]), finished_invariants),
+            maximum_iterations=max_length,
+        )
+        finished = utils.scatter_rows(loop[8], loop[7], loop[4])
     fin_seq, fin_scores, fin_log_probs, fin_lengths, _ = finished
     result = utils.SearchResult(
         tokens=fin_seq,

@@ -87,6 +87,8 @@ def decode_single_path(
     pad_id=0,
     max_lengths=None,
     unk_id=None,
+    sentence_cache=None,
+    drop_finished=False,
 ):
     """Runs one hypothesis per example, choosing each token with `select_token`.
 
@@ -95,7 +97,8 @@ def decode_single_path(
     reached its bound in `max_lengths`).
 
     Args:
-        next_logits: callable `(tokens (N, 1), cache, index) -> (logits (N, V), cache)`.
+        next_logits: callable `(tokens (N, 1), cache, index) -> (logits (N, V), cache)`,
+            with a fourth argument, the sentence cache, when `sentence_cache` is given.
         initial_cache: nest of tensors with leading axis `B`.
         batch_size: int or int32 scalar tensor, `B`.
         max_length: int, the static number of steps.
@@ -108,6 +111,11 @@ def decode_single_path(
             tokens, clipped to `[1, max_length]`. Defaults to `max_length` for all.
         unk_id: int or `None`, a token never produced besides PAD and START (UNK).
             Defaults to `None`.
+        sentence_cache: optional nest of tensors with leading axis `B` that the steps read
+            but do not change (an encoder's memory); passed to `next_logits` as its fourth
+            argument. Defaults to `None`.
+        drop_finished: bool, finished examples leave the batch (see `greedy_search`); then
+            `select_token` must not depend on a row's position. Defaults to `False`.
 
     Returns:
         A `SearchResult` with `tokens (B, max_length)`, `scores (B,)`, `lengths (B,)`.
@@ -117,37 +125,68 @@ def decode_single_path(
     batch_size = tf.convert_to_tensor(batch_size, tf.int32)
     bounds = utils.resolve_max_lengths(max_lengths, batch_size, max_length)  # (B,)
     cache = utils.to_tensors(initial_cache)
+    sentences = utils.to_tensors(sentence_cache if sentence_cache is not None else {})
     first_tokens = tf.fill([batch_size, 1], tf.constant(start_id, tf.int32))  # (B, 1)
+    state = _initial_state(batch_size, max_length, pad_id)
 
-    def cond(step, unused_tokens, unused_cache, state):
+    def step_fn(last_tokens, cache, sentences, state, bounds, step):
+        if sentence_cache is None:
+            logits, cache = next_logits(last_tokens, cache, step)
+        else:
+            logits, cache = next_logits(last_tokens, cache, step, sentences)
+        logits = tf.cast(logits, tf.float32)  # (N, V)
+        log_probs = utils.mask_tokens(tf.nn.log_softmax(logits, axis=-1), forbidden)  # (N, V)
+        chosen = tf.cast(select_token(log_probs, step), tf.int32)  # (N,)
+        chosen, state = _advance(step, chosen, log_probs, state, bounds, end_id, pad_id)
+        return chosen[:, None], cache, state
+
+    def cond(step, unused_tokens, unused_cache, unused_sentences, state, *unused):
         return tf.logical_not(tf.reduce_all(state[3]))
 
-    def body(step, last_tokens, cache, state):
-        logits, cache = next_logits(last_tokens, cache, step)
-        logits = tf.cast(logits, tf.float32)  # (B, V)
-        log_probs = utils.mask_tokens(tf.nn.log_softmax(logits, axis=-1), forbidden)  # (B, V)
-        chosen = tf.cast(select_token(log_probs, step), tf.int32)  # (B,)
-        chosen, state = _advance(step, chosen, log_probs, state, bounds, end_id, pad_id)
-        return step + 1, chosen[:, None], cache, state
+    # The rows still decoded: `rows[n]` is the example of row `n` (all of them unless
+    # `drop_finished`), `output` the finished examples' results at their own index.
+    rows = tf.range(batch_size)
+    output = state[:3]
+    invariants = (
+        tf.TensorShape([]),
+        tf.TensorShape([None, 1]),
+        utils.relaxed_batch_shapes(cache),
+        utils.relaxed_batch_shapes(sentences),
+        _state_invariants(max_length),
+    )
+    if not drop_finished:
+        def body(step, last_tokens, cache, sentences, state):
+            last_tokens, cache, state = step_fn(last_tokens, cache, sentences, state,
+                                                bounds, step)
+            return step + 1, last_tokens, cache, sentences, state
 
-    _, _, _, state = tf.while_loop(
-        cond,
-        body,
-        loop_vars=(
-            tf.constant(0, tf.int32),
-            first_tokens,
-            cache,
-            _initial_state(batch_size, max_length, pad_id),
-        ),
-        shape_invariants=(
-            tf.TensorShape([]),
-            tf.TensorShape([None, 1]),
-            utils.relaxed_batch_shapes(cache),
-            _state_invariants(max_length),
+        _, _, _, _, state = tf.while_loop(
+            cond, body, loop_vars=(tf.constant(0, tf.int32), first_tokens, cache, sentences,
+                                   state),
+            shape_invariants=invariants, maximum_iterations=max_length,
+        )
+        return _result(state)
+
+    def body(step, last_tokens, cache, sentences, state, bounds, rows, output):
+        last_tokens, cache, state = step_fn(last_tokens, cache, sentences, state, bounds, step)
+        active = (last_tokens, cache, sentences, state, bounds, rows)
+        active, _, output = utils.drop_done_rows(active, output, rows, state[3], state[:3])
+        return (step + 1,) + active + (output,)
+
+    loop = tf.while_loop(
+        cond, body,
+        loop_vars=(tf.constant(0, tf.int32), first_tokens, cache, sentences, state, bounds,
+                   rows, output),
+        shape_invariants=invariants + (
+            tf.TensorShape([None]), tf.TensorShape([None]), _state_invariants(max_length)[:3]
         ),
         maximum_iterations=max_length,
     )
-    return _result(state)
+    state, rows, output = loop[4], loop[6], loop[7]
+    tokens, scores, lengths = utils.scatter_rows(output, rows, state[:3])
+    return utils.SearchResult(
+        tokens=tokens, scores=scores, lengths=lengths, normalized_scores=scores
+    )
 
 
 def greedy_search(
@@ -160,6 +199,8 @@ def greedy_search(
     pad_id=0,
     max_lengths=None,
     unk_id=None,
+    sentence_cache=None,
+    drop_finished=False,
 ):
     """Greedy decoding: the most likely token at every step, with a cached decoder step.
 
@@ -190,6 +231,17 @@ def greedy_search(
             `disable_unk`). Defaults to `None`: these searches do not know the vocabulary,
             so they forbid only PAD and START; `Translator` passes UNK (its
             `DecodingConfig.disable_unk` defaults to `True`).
+        sentence_cache: optional nest of tensors with leading axis `B` that the steps read
+            but never change, such as the encoder's memory; `next_logits` then receives it
+            as a fourth argument, `(tokens, cache, index, sentence_cache)`. Defaults to
+            `None`.
+        drop_finished: bool, finished examples leave the batch: once a quarter of the
+            rows still decoded have finished, their results are set aside and the search
+            goes on with the others (every tensor of `cache` and `sentence_cache` gathered
+            to those rows), so a finished sentence stops costing compute. `next_logits`
+            must then take every per-example tensor from its arguments (none captured from
+            outside with `B` rows). The results are the same; the shapes in the loop are
+            not static (no XLA). Defaults to `False`.
 
     Returns:
         A `SearchResult`: `tokens` int32 `(B, max_length)` (no START, END included,
@@ -217,6 +269,8 @@ def greedy_search(
         pad_id=pad_id,
         max_lengths=max_lengths,
         unk_id=unk_id,
+        sentence_cache=sentence_cache,
+        drop_finished=drop_finished,
     )
 
 

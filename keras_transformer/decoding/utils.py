@@ -236,3 +236,72 @@ def relaxed_batch_shapes(nest):
 def to_tensors(nest):
     """Converts every leaf of a nest to a tensor."""
     return tf.nest.map_structure(tf.convert_to_tensor, nest)
+
+
+# A search with `drop_finished` gathers its rows anew once this share of them is done: each
+# gather copies the whole cache, so it waits for several rows rather than one.
+DROP_FRACTION = 0.25
+
+
+def scatter_rows(output, rows, values):
+    """Writes row `n` of every tensor of `values` at row `rows[n]` of `output`'s tensor.
+
+    Args:
+        output: a nest of tensors with leading axis `B` (all the examples).
+        rows: int32 `(N,)`, distinct indices into `[0, B)`.
+        values: a nest of `output`'s structure with leading axis `N`.
+
+    Returns:
+        `output` with those rows replaced.
+
+    Example:
+
+    >>> out = scatter_rows((tf.zeros([3]),), tf.constant([2, 0]), (tf.constant([5., 7.]),))
+    >>> out[0].numpy().tolist()
+    [7.0, 0.0, 5.0]
+    """
+    indices = rows[:, None]
+    return tf.nest.map_structure(
+        lambda old, new: tf.tensor_scatter_nd_update(old, indices, new), output, values
+    )
+
+
+def drop_done_rows(active, output, rows, done, results, beams=(), beam_size=1):
+    """Sets the finished examples of a search aside once enough of them are done.
+
+    When at least `DROP_FRACTION` of the examples still decoded are done (and not all of
+    them: the loop ends then), their `results` are written to `output` at their index in
+    `rows`, and every tensor of `active` (leading axis: the examples still decoded) and of
+    `beams` (leading axis: those examples' `beam_size` adjacent rows) keeps the rows of the
+    examples not done. Otherwise nothing changes. A `tf.cond`, so a step that drops nothing
+    costs a few scalar ops.
+
+    Args:
+        active: nest of tensors with leading axis `N`, `rows` among them.
+        output: nest of tensors with leading axis `B`, the results of finished examples.
+        rows: int32 `(N,)`, the example index of each row of `active`.
+        done: bool `(N,)`.
+        results: nest of `output`'s structure with leading axis `N`.
+        beams: nest of tensors with leading axis `N * beam_size`. Defaults to `()`.
+        beam_size: int. Defaults to `1`.
+
+    Returns:
+        `(active, beams, output)`.
+    """
+    num_done = tf.reduce_sum(tf.cast(done, tf.int32))
+    num_rows = tf.size(done)
+    drop = (num_done > 0) & (num_done < num_rows) & (
+        tf.cast(num_done, tf.float32) >= DROP_FRACTION * tf.cast(num_rows, tf.float32))
+
+    def gather():
+        kept = tf.cast(tf.reshape(tf.where(tf.logical_not(done)), [-1]), tf.int32)  # (N',)
+        kept_beams = tf.reshape(
+            kept[:, None] * beam_size + tf.range(beam_size, dtype=tf.int32), [-1]
+        )  # (N' * K,)
+        return (
+            tf.nest.map_structure(lambda t: tf.gather(t, kept), active),
+            tf.nest.map_structure(lambda t: tf.gather(t, kept_beams), beams),
+            scatter_rows(output, rows, results),
+        )
+
+    return tf.cond(drop, gather, lambda: (active, beams, output))

@@ -75,6 +75,8 @@ class HistoryModel:
         end_bias: float, added to the END logit (higher gives shorter outputs).
         scale: float, the standard deviation of the random logits.
         counter: optional `tf.Variable` incremented on every call of `next_logits`.
+        row_counter: optional `tf.Variable` that `next_logits_with_sentences` increases by
+            the number of rows it decodes.
     """
 
     def __init__(
@@ -86,6 +88,7 @@ class HistoryModel:
         end_bias=0.0,
         scale=2.0,
         counter=None,
+        row_counter=None,
     ):
         rng = np.random.default_rng(seed)
         table = rng.normal(size=(num_states, vocab_size)) * scale
@@ -97,6 +100,7 @@ class HistoryModel:
         self.max_length = max_length
         self.weights = (3 + 7 * np.arange(max_length + 1)) % num_states  # (T + 1,)
         self.counter = counter
+        self.row_counter = row_counter
 
     def initial_cache(self, source):
         source = tf.convert_to_tensor(source, tf.int32)  # (B,)
@@ -124,6 +128,18 @@ class HistoryModel:
         state = tf.cast(tf.reduce_sum(contributions, axis=1), tf.int32)  # (N,)
         state = state + 5 * cache["source"]
         return self._row(state), {"keys": keys, "source": cache["source"]}
+
+    def next_logits_with_sentences(self, tokens, cache, index, sentences):
+        """`next_logits` with the sources as a sentence cache: `sentences["source"]` has one
+        row per example, the `N` rows of `tokens` and `cache["keys"]` are its adjacent beams
+        (`N / B` each); `cache` holds the keys only. Counts decoded rows in `row_counter`."""
+        if self.row_counter is not None:
+            self.row_counter.assign_add(tf.shape(tokens)[0])
+        source = sentences["source"]  # (B,)
+        beams = tf.shape(tokens)[0] // tf.shape(source)[0]
+        logits, cache = self.next_logits(
+            tokens, {"keys": cache["keys"], "source": tf.repeat(source, beams)}, index)
+        return logits, {"keys": cache["keys"]}
 
     def logits_fn(self, prefix, source):
         """Uncached view: `prefix` int32 `(B, t)` -> logits `(B, t, V)`."""

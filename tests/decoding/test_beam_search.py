@@ -285,3 +285,34 @@ def test_beam_keeps_k_alive_hypotheses_when_one_finishes():
     np.testing.assert_array_equal(result.tokens[0, :4], best)
     np.testing.assert_allclose(result.normalized_scores[0], exhaustive_best[0], rtol=1e-5)
     np.testing.assert_allclose(result.scores[0], np.log(0.6 * 0.45), rtol=1e-5)
+
+
+@pytest.mark.parametrize("beam_size", [1, 3])
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "tf_function"])
+def test_beam_drop_finished_matches_reference_and_decodes_fewer_rows(beam_size, compiled):
+    rows = tf.Variable(0, dtype=tf.int32)
+    model = HistoryModel(vocab_size=7, max_length=9, seed=5, end_bias=0.5, row_counter=rows)
+    sources = [0, 3, 7, 11, 2, 5]
+    bounds = [9, 2, 8, 3, 9, 1]
+    decoded = {}
+    for drop in (False, True):
+        def run(drop=drop):
+            return beam_search(
+                model.next_logits_with_sentences,
+                {"keys": model.initial_cache(sources)["keys"]}, len(sources), 9,
+                beam_size=beam_size, alpha=0.6, max_lengths=bounds, return_all_beams=True,
+                sentence_cache={"source": tf.constant(sources, tf.int32)},
+                drop_finished=drop,
+            )
+        rows.assign(0)
+        result = (tf.function(run) if compiled else run)()
+        for b in range(len(sources)):
+            finished, _ = reference.beam(model, bounds[b], beam_size, 0.6, sources[b])
+            for k, (score, log_prob, tokens) in enumerate(finished):
+                n = len(tokens)
+                assert int(result.lengths[b, k]) == n
+                np.testing.assert_array_equal(result.tokens[b, k, :n], tokens)
+                np.testing.assert_array_equal(result.tokens[b, k, n:], 0)
+                np.testing.assert_allclose(result.normalized_scores[b, k], score, rtol=1e-5)
+        decoded[drop] = int(rows.numpy())
+    assert decoded[True] < decoded[False], decoded

@@ -176,3 +176,34 @@ def test_greedy_never_produces_pad_or_start_and_forbids_unk_on_request(cached):
     log_probs = [tf.nn.log_softmax(row).numpy() for row in model.rows]
     expected = log_probs[0][UNK_ID + 1] * 2 + log_probs[1][END_ID]
     np.testing.assert_allclose(forbidden.scores, [expected] * 2, rtol=1e-5)
+
+
+def _search_with_sentences(search, model, sources, max_length, drop_finished, **kwargs):
+    """`search` with the sources as a sentence cache (one row per example)."""
+    cache = {"keys": model.initial_cache(sources)["keys"]}
+    return search(
+        model.next_logits_with_sentences, cache, len(sources), max_length,
+        sentence_cache={"source": tf.constant(sources, tf.int32)},
+        drop_finished=drop_finished, **kwargs,
+    )
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "tf_function"])
+def test_greedy_drop_finished_matches_reference_and_decodes_fewer_rows(compiled):
+    rows = tf.Variable(0, dtype=tf.int32)
+    model = HistoryModel(vocab_size=7, max_length=10, seed=4, end_bias=0.8, row_counter=rows)
+    sources = [0, 3, 7, 11, 2, 5, 9, 4]
+    bounds = [10, 2, 9, 3, 10, 1, 6, 10]
+    decoded = {}
+    for drop in (False, True):
+        def run(drop=drop):
+            return _search_with_sentences(greedy_search, model, sources, 10, drop,
+                                          max_lengths=tf.constant(bounds))
+        rows.assign(0)
+        result = (tf.function(run) if compiled else run)()
+        _check_against_reference(result, model, sources, bounds)
+        decoded[drop] = int(rows.numpy())
+    lengths = [len(reference.greedy(model, b, s)[0]) for s, b in zip(sources, bounds)]
+    # Kept: every row until the longest ends. Dropped: fewer, never less than the work.
+    assert decoded[False] == len(sources) * max(lengths)
+    assert sum(lengths) <= decoded[True] < decoded[False], (decoded, lengths)

@@ -118,6 +118,25 @@ def test_xla_compiled_search_equals_the_default(copy_task, search):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("search", ["greedy", "beam"])
+def test_dropping_finished_sentences_changes_no_output(copy_task, random_model, search):
+    """`drop_finished` (the default) against sentences kept in the batch to the end, on
+    sources of very different lengths (the trained model, whose outputs end at different
+    steps, and random weights, which run to each sentence's bound)."""
+    sentences = copy_task.held_out[:12] + BOUND_SOURCES
+    for model in (copy_task.model, random_model):
+        text, score, length = outputs(
+            copy_task.translator(model, search=search, beam_size=3), sentences)
+        kept_text, kept_score, kept_length = outputs(
+            copy_task.translator(model, search=search, beam_size=3, drop_finished=False),
+            sentences)
+        assert len(set(length)) > 3, length  # sentences do finish at different steps
+        assert text == kept_text
+        np.testing.assert_array_equal(length, kept_length)
+        np.testing.assert_allclose(score, kept_score, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("search", ["greedy", "beam", "greedy_uncached", "sample"])
 def test_random_model_that_never_ends_stops_at_the_bound(copy_task, random_model, search):
     """END is impossible, so every output runs to min(source + extra, max_output_length)."""
