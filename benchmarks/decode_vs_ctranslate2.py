@@ -16,6 +16,11 @@
    most `--max-output-length` output tokens.
 4. Prints a Markdown table: sentences/s, BLEU, and the ratio ours / CTranslate2.
 
+`--threads 1 --inter-threads 2 --callers 2` times a server's setting on a 2-core machine: two
+batches at once (TF Serving's `num_batch_threads: 2`), one thread each. Both engines get it:
+TensorFlow's inter-op pool and CTranslate2's `inter_threads` (batches run in parallel) are
+`--inter-threads`, and `--callers` threads call each engine at the same time.
+
 `--compare-keep-finished` also exports the same weights with `drop_finished=False` (finished
 sentences stay in the batch, as before that option existed) and times it at batch
 `--batch-size` in the same run (at batch 1 the two exports run the same steps).
@@ -29,6 +34,7 @@ import os
 import statistics
 import sys
 import tempfile
+import threading
 import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
@@ -49,6 +55,10 @@ def _parse_args(argv):
     parser.add_argument("--max-output-length", type=int, default=128)
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1,
                         help="intra-op threads of both engines (default: all cores)")
+    parser.add_argument("--inter-threads", type=int, default=1,
+                        help="TensorFlow inter-op threads and CTranslate2 inter_threads")
+    parser.add_argument("--callers", type=int, default=1,
+                        help="threads calling an engine at once in the batch throughput runs")
     parser.add_argument("--quantization", default=None,
                         help="CTranslate2 weight type, e.g. int8 (default: float32)")
     parser.add_argument("--bleu-tolerance", type=float, default=0.5,
@@ -84,12 +94,12 @@ class CTranslate2Engine:
     name = "CTranslate2"
 
     def __init__(self, model_dir, tokenizer_model, threads, beam_size, alpha, max_length,
-                 max_input_length):
+                 max_input_length, inter_threads=1):
         import ctranslate2
         import sentencepiece
 
         self._translator = ctranslate2.Translator(
-            str(model_dir), device="cpu", inter_threads=1, intra_threads=threads)
+            str(model_dir), device="cpu", inter_threads=inter_threads, intra_threads=threads)
         self._sentencepiece = sentencepiece.SentencePieceProcessor(model_file=tokenizer_model)
         self._options = {
             "beam": dict(beam_size=beam_size, length_penalty=alpha),
@@ -107,13 +117,24 @@ class CTranslate2Engine:
         return [self._sentencepiece.decode(r.hypotheses[0]) for r in results]
 
 
-def _throughput(engine, search, sources, batch_size):
+def _throughput(engine, search, sources, batch_size, callers=1):
+    """Sentences/s and translations; the batches shared round-robin among `callers` threads."""
     engine.translate(sources[:batch_size], search)  # warm-up: first-call costs not timed
+    starts = list(range(0, len(sources), batch_size))
+    outputs = {}
+
+    def call_batches(index):
+        for start in starts[index::callers]:
+            outputs[start] = engine.translate(sources[start:start + batch_size], search)
+
+    threads = [threading.Thread(target=call_batches, args=(i,)) for i in range(callers)]
     started = time.perf_counter()
-    hypotheses = []
-    for start in range(0, len(sources), batch_size):
-        hypotheses += engine.translate(sources[start:start + batch_size], search)
-    return len(sources) / (time.perf_counter() - started), hypotheses
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    rate = len(sources) / (time.perf_counter() - started)
+    return rate, [text for start in starts for text in outputs[start]]
 
 
 def _latency(engine, search, sources):
@@ -168,7 +189,7 @@ def main(argv=None):
 
     # Before TensorFlow's runtime starts: the same thread budget as CTranslate2's.
     tf.config.threading.set_intra_op_parallelism_threads(args.threads)
-    tf.config.threading.set_inter_op_parallelism_threads(1)
+    tf.config.threading.set_inter_op_parallelism_threads(args.inter_threads)
 
     from keras_transformer.export import DecodingConfig, Translator, export_translator, load_run
     from keras_transformer.export.ctranslate2_converter import convert
@@ -194,8 +215,9 @@ def main(argv=None):
                 os.path.join(tmp, "export_kept")), name="SavedModel, finished kept")
         theirs = CTranslate2Engine(
             ct2_dir, source_tokenizer.model_path, args.threads, args.beam_size, args.alpha,
-            args.max_output_length, config.max_input_length)
-        print(f"{len(sources)} test_2016 sentences, {args.threads} thread(s), batch "
+            args.max_output_length, config.max_input_length, args.inter_threads)
+        print(f"{len(sources)} test_2016 sentences, {args.threads} intra-op thread(s), "
+              f"{args.inter_threads} inter-op, {args.callers} caller(s), batch "
               f"{args.batch_size}, CTranslate2 {args.quantization or 'float32'}", flush=True)
 
         # Conversion check on greedy output, the search both engines define identically.
@@ -223,7 +245,8 @@ def main(argv=None):
         for search in SEARCHES:
             figures = {}
             for engine in (ours, theirs) if kept is None else (ours, kept, theirs):
-                rate, hypotheses = _throughput(engine, search, sources, args.batch_size)
+                rate, hypotheses = _throughput(engine, search, sources, args.batch_size,
+                                               args.callers)
                 if engine is kept:  # batch 1: the same steps as `ours`
                     rate_one, median = figures[ours.name][2:]
                 else:

@@ -2,8 +2,11 @@
 timings belong in benchmarks/RESULTS.md, never in tests)."""
 
 import importlib.util
+import os
 import pathlib
 import re
+import subprocess
+import sys
 
 import pytest
 
@@ -30,13 +33,15 @@ def test_train_vs_keras_hub_prints_a_ratio(loss, capsys):
     assert re.search(r"\| keras_hub \| [\d,]+ \| [\d,]+ \|", out), out
 
 
-@pytest.mark.slow
-def test_choose_on_validation_compares_checkpoints_and_alphas(tmp_path, capsys):
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    """A tiny trained run (2 epochs, 2 kept checkpoints, averaged) on toy fr-en pairs."""
     from keras_transformer.training import get_preset
     from keras_transformer.training.averaging import average_run
     from keras_transformer.training.trainer import train
     from tests.data.conftest import toy_pairs, write_lines
 
+    tmp_path = tmp_path_factory.mktemp("tiny_run")
     files = {}
     for name, size, seed in (("train", 64, 0), ("val", 6, 1)):
         pairs = toy_pairs(size, seed)
@@ -48,9 +53,13 @@ def test_choose_on_validation_compares_checkpoints_and_alphas(tmp_path, capsys):
         bleu_sentences=0)
     train(config, tmp_path / "run", verbose=0, report_padding=False)
     average_run(tmp_path / "run", last=2)
+    return tmp_path / "run"
 
+
+@pytest.mark.slow
+def test_choose_on_validation_compares_checkpoints_and_alphas(tiny_run, capsys):
     script = _load("choose_on_validation")
-    script.main([str(tmp_path / "run"), "--checkpoints", "final,averaged", "--alphas", "0.6,1.0",
+    script.main([str(tiny_run), "--checkpoints", "final,averaged", "--alphas", "0.6,1.0",
                  "--beam-size", "2", "--batch-size", "4"])
     out = capsys.readouterr().out
     rows = re.findall(r"^\| (final|averaged) \| 2 \| (0\.6|1\.0) \| (\d+\.\d\d) \|$", out, re.M)
@@ -65,3 +74,48 @@ def test_finished_row_share():
     assert share([2, 4, 4, 2], batch_size=2, sort=True) == 0.0
     assert share([3, 3, 3], batch_size=32) == 0.0
     assert share([], batch_size=4) == 0.0
+
+
+@pytest.mark.slow
+def test_decode_threads_times_each_setting_in_its_own_process(tiny_run, capsys):
+    script = _load("decode_threads")
+    assert script.main([str(tiny_run), "--settings", "1x1,2x1", "--limit", "6",
+                        "--batch-size", "3", "--latency-sentences", "2", "--beam-size", "2",
+                        "--callers", "2"]) == 0
+    out = capsys.readouterr().out
+    rows = re.findall(r"^\| (\d) \| (\d) \| (\d+\.\d) \| (\d+) \| (\d+\.\d) \| (\d+) \| "
+                      r"\d+\.\d \| \d+\.\d \|$", out, re.M)
+    assert [row[:2] for row in rows] == [("1", "1"), ("2", "1")], out
+    assert all(float(row[2]) > 0 and float(row[4]) > 0 for row in rows), out
+
+
+def test_decode_threads_rejects_bad_settings():
+    script = _load("decode_threads")
+    assert script.parse_settings("2x1,1X2") == [(2, 1), (1, 2)]
+    for bad in ("2", "0x1", "2x", "axb", "2x1x1"):
+        with pytest.raises(SystemExit, match="INTRAxINTER"):
+            script.parse_settings(bad)
+
+
+@pytest.mark.slow
+def test_decode_vs_ctranslate2_side_by_side_with_concurrent_callers(tiny_run):
+    pytest.importorskip("ctranslate2")
+    # A process of its own: the script sets TensorFlow's thread pools before they start.
+    completed = subprocess.run(
+        [sys.executable, str(BENCHMARKS / "decode_vs_ctranslate2.py"), str(tiny_run),
+         "--checkpoint", "final", "--limit", "7", "--batch-size", "3",
+         "--latency-sentences", "2", "--beam-size", "2", "--threads", "1",
+         "--inter-threads", "2", "--callers", "2", "--compare-keep-finished"],
+        capture_output=True, text=True, timeout=600,
+        env={**os.environ, "PYTHONPATH": str(BENCHMARKS.parent)})
+    out = completed.stdout
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    assert "1 intra-op thread(s), 2 inter-op, 2 caller(s)" in out, out
+    engines = re.findall(r"^\| (beam 2|greedy) \| ([^|]+) \| \d+\.\d \| \d+\.\d \| \d+ \| "
+                         r"(\d+\.\d\d) \|$", out, re.M)
+    assert len(engines) == 6, out
+    # The same model: dropping finished sentences changes no translation.
+    bleu = {(search, engine.strip()): score for search, engine, score in engines}
+    for search in ("beam 2", "greedy"):
+        assert bleu[(search, "SavedModel")] == bleu[(search, "SavedModel, finished kept")]
+    assert re.search(r"^\| beam 2 \| \d+\.\d\dx \| \d+\.\d\dx \| \d+\.\d\dx \|$", out, re.M), out
