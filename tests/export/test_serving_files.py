@@ -76,6 +76,11 @@ def test_compose_file_wires_the_config_files_and_ports():
     flags = dict(arg.lstrip("-").split("=", 1) for arg in service["command"])
     assert flags["rest_api_port"] == "8501" and flags["port"] == "8500"
     assert flags["enable_batching"] == "true"
+    # The measured serving setting: one thread per op, as many ops at once as batch threads.
+    batching = text_format.Parse((EXPORT_DIR / "batching_parameters.txt").read_text(),
+                                 batching_parameters_class()())
+    assert flags["tensorflow_intra_op_parallelism"] == "1"
+    assert int(flags["tensorflow_inter_op_parallelism"]) == batching.num_batch_threads.value
     mounts = {}
     for volume in service["volumes"]:
         for mode in (":ro", ":rw"):
