@@ -189,7 +189,8 @@ def cmd_train(args):
         print(f"Reusing the finished run in {output} (make run FRESH=1 or --overwrite starts "
               "over)", flush=True)
         return
-    print(f"Trained {config.epochs} epoch(s) in {run.train_seconds / 60:.1f} min; run directory "
+    epochs = len(run.history.get("loss", [])) or config.epochs
+    print(f"Trained {epochs} epoch(s) in {run.train_seconds / 60:.1f} min; run directory "
           f"{output} (model.keras, checkpoints/, tokenizer/, logs/)", flush=True)
 
 

@@ -257,6 +257,76 @@ def read_run_history(path, epochs=None):
     return record
 
 
+def time_budget_reached(epoch_seconds, minutes):
+    """Whether one more epoch would end after `minutes` of training.
+
+    The next epoch is predicted to last as long as the longest one so far (validation
+    epochs are longer than the others), so a run stops before it overruns the budget.
+
+    Args:
+        epoch_seconds: list of float, the wall time of every epoch trained so far.
+        minutes: float or `None`, the budget. `None` never stops.
+
+    Returns:
+        bool.
+
+    Example:
+
+    >>> time_budget_reached([600.0, 660.0], minutes=30)
+    False
+    >>> time_budget_reached([600.0, 660.0, 630.0], minutes=30)
+    True
+    """
+    if minutes is None or not epoch_seconds:
+        return False
+    return sum(epoch_seconds) + max(epoch_seconds) > 60.0 * minutes
+
+
+class TimeBudget(keras.callbacks.Callback):
+    """Stops `fit` after the epoch past which the next one would overrun a time budget.
+
+    Machines of one kind differ in speed (up to 1.7x measured for this project's
+    reference recipe), so a fixed number of epochs tuned to fill an hour on one machine
+    overruns on another. With a budget, `epochs` becomes an upper bound. The clock is the
+    run's training time over every process that trained it (`RunHistory.train_seconds`,
+    validation included; vocabulary and data preparation are not counted), and the next
+    epoch is predicted by the longest one so far (`time_budget_reached`). Place it after
+    the `RunHistory` it reads.
+
+    Args:
+        minutes: float, the budget.
+        run_history: the run's `RunHistory`.
+
+    Example:
+
+    >>> model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+    >>> model.compile(optimizer="sgd", loss="mse")
+    >>> record = RunHistory("budget_history.json")
+    >>> budget = TimeBudget(1e-9, record)
+    >>> _ = model.fit(np.ones((8, 2)), np.ones((8, 1)), epochs=5, verbose=0,
+    ...               callbacks=[record, budget])
+    >>> record.record()["epochs"], budget.stopped_epoch
+    (1, 1)
+    """
+
+    def __init__(self, minutes, run_history):
+        super().__init__()
+        if not minutes or minutes <= 0:
+            raise ValueError(f"`minutes` must be > 0. Received: {minutes}")
+        self.minutes = float(minutes)
+        self.run_history = run_history
+        self.stopped_epoch = None
+
+    def on_epoch_end(self, epoch, logs=None):
+        seconds = self.run_history.epoch_seconds
+        if time_budget_reached(seconds, self.minutes):
+            self.model.stop_training = True
+            self.stopped_epoch = epoch + 1
+            print(f"Time budget: {sum(seconds) / 60:.1f} of {self.minutes:g} minutes used "
+                  f"after epoch {epoch + 1}; the next epoch (up to {max(seconds) / 60:.1f} "
+                  "min) would overrun it, so training stops here.", flush=True)
+
+
 class EpochCheckpoints(keras.callbacks.Callback):
     """Saves the model's weights after every epoch and keeps the last `keep` of them.
 
@@ -318,6 +388,7 @@ def make_callbacks(
     tensorboard=None,
     keep_checkpoints=0,
     run_history=None,
+    time_budget_minutes=None,
 ):
     """The standard callbacks of a run, in the order `fit` must see them.
 
@@ -330,7 +401,8 @@ def make_callbacks(
       `checkpoints/epoch-NNN.weights.npz` (for checkpoint averaging), if asked;
     - `TensorBoard` writing under `<output_dir>/logs` (when the `tensorboard` package is
       installed: TensorFlow 2.21 no longer depends on it);
-    - `run_history` (a `RunHistory`), if given;
+    - `run_history` (a `RunHistory`), if given, then a `TimeBudget` reading it if
+      `time_budget_minutes` is set;
     - `BackupAndRestore` under `<output_dir>/backup`, last, so it backs up an epoch only
       after everything else has handled it. Rerunning the same `fit` call after the
       process was killed restores the weights, the optimizer state (step count, Adam
@@ -358,6 +430,9 @@ def make_callbacks(
         keep_checkpoints: int, keep this many epochs' weights for averaging; `0` adds
             no `EpochCheckpoints`. Defaults to `0`.
         run_history: a `RunHistory` or `None`. Defaults to `None`.
+        time_budget_minutes: float or `None`, stop training before an epoch that would
+            end after this many minutes (see `TimeBudget`; needs `run_history`).
+            Defaults to `None`.
 
     Returns:
         A list of `keras.callbacks.Callback`.
@@ -412,6 +487,10 @@ def make_callbacks(
         )
     if run_history is not None:
         callbacks.append(run_history)
+    if time_budget_minutes is not None:
+        if run_history is None:
+            raise ValueError("`time_budget_minutes` needs a `run_history` to read.")
+        callbacks.append(TimeBudget(time_budget_minutes, run_history))
     callbacks.append(
         keras.callbacks.BackupAndRestore(
             os.path.join(output_dir, "backup"), save_freq=backup_save_freq

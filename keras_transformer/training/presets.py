@@ -121,6 +121,13 @@ class TrainingConfig:
         None, "Batches per epoch; None means one full pass over the data."
     )
 
+    time_budget_minutes: float | None = _field(
+        None, "Stop before an epoch that would end after this many minutes of training "
+        "(over every attempt of the run, validation included; the longest epoch so far "
+        "predicts the next): `epochs` becomes an upper bound. A run stopped by its budget "
+        "is finished. None: no budget. Not with several workers."
+    )
+
     keep_checkpoints: int = _field(
         0, "Keep the weights of the last N epochs in checkpoints/epoch-NNN.weights.h5 "
         "for `keras-transformer average` (the paper averages the last 5); 0 = none."
@@ -183,6 +190,11 @@ class TrainingConfig:
         if self.keep_checkpoints < 0:
             raise ValueError(
                 f"`keep_checkpoints` must be >= 0. Received: {self.keep_checkpoints}"
+            )
+        if self.time_budget_minutes is not None and not self.time_budget_minutes > 0:
+            raise ValueError(
+                "`time_budget_minutes` must be > 0 or None. Received: "
+                f"{self.time_budget_minutes}"
             )
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"`dropout` must be in [0, 1). Received: {self.dropout}")
@@ -275,7 +287,11 @@ PRESETS = {
     # model trains at 4,801 real tokens/s (benchmarks/train_throughput.py; 3,700-3,870
     # before the hand-written loss gradient), an epoch of 29,000 pairs with validation takes
     # ~3.8 min, so 14 epochs (~54 min with vocabulary and data preparation) fit in the hour;
-    # on the 2026-11-21 machine (5,610 tokens/s before the loss change) 16 epochs took 53 min.
+    # on the 2026-11-21 machine (5,610 tokens/s before the loss change) 16 epochs took 53 min;
+    # the 2026-11-23 machine (AMD EPYC without AVX-512) trains at 3,278 tokens/s, where 14
+    # epochs would take ~80 min. So the preset trains for a time budget: 55 minutes of
+    # training (`epochs` an upper bound), ~1 min of vocabulary and data preparation on top,
+    # and headroom: 14 epochs on the 2026-11-22 machine, fewer on a slower one.
     # A first attempt with warmup 1000 / peak 1e-3 and dropout 0.2 reached only 1.9 val BLEU
     # after 2 epochs: in a budget of ~4,000 updates the peak must come early, so warmup 400
     # (peak ~1.6e-3) and dropout 0.1. Wu et al.'s tiny shape (d 128, ff 256, 4+4 layers) at
@@ -296,7 +312,8 @@ PRESETS = {
         lr_scale=0.5,
         label_smoothing=0.1,
         global_clipnorm=1.0,
-        epochs=14,
+        epochs=30,
+        time_budget_minutes=55.0,
         keep_checkpoints=5,
         beam_size=1,
         length_penalty=0.6,
@@ -310,7 +327,7 @@ PRESETS = {
 # on 2 CPU cores. After 2 epochs the d=256 reference model reached 13.8 greedy val BLEU while
 # a d=128, 2+2-layer model had 6.8 (measured here), so `quick` keeps the reference width.
 PRESETS["quick"] = PRESETS["multi30k"].replace(
-    num_layers=2, epochs=2, bleu_sentences=200, bleu_every_n_epochs=1
+    num_layers=2, epochs=2, time_budget_minutes=None, bleu_sentences=200, bleu_every_n_epochs=1
 )
 
 

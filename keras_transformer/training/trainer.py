@@ -32,6 +32,7 @@ from keras_transformer.training.callbacks import (
     RunHistory,
     make_callbacks,
     read_run_history,
+    time_budget_reached,
 )
 from keras_transformer.training.losses import MaskedSparseCategoricalCrossentropy
 from keras_transformer.training.metrics import MaskedAccuracy
@@ -40,6 +41,7 @@ from keras_transformer.training.strategy import (
     is_chief,
     select_strategy,
     shard_by_data,
+    task_of,
     worker_write_dir,
 )
 
@@ -182,7 +184,7 @@ def make_datasets(config, splits, source_tokenizer, target_tokenizer, replicas=1
 
 # Config fields a resumed or continued run may change: neither the data, the model nor
 # the optimization depends on them.
-RESUMABLE_FIELDS = ("epochs", "keep_checkpoints")
+RESUMABLE_FIELDS = ("epochs", "keep_checkpoints", "time_budget_minutes")
 # A run directory holds these (written by `train`); a directory without any of them is
 # not a run directory (see `is_run_directory`).
 RUN_MARKERS = ("config.json", "history.json", "model.keras", "backup", "tokenizer")
@@ -359,6 +361,13 @@ def train(
     """
     if isinstance(strategy, str):
         strategy = select_strategy(strategy)
+    if config.time_budget_minutes is not None and task_of(strategy)[0] is not None:
+        # Each worker would time its own epochs: were they to disagree on the last one,
+        # the others would wait forever at the next all-reduce.
+        raise ValueError(
+            "`time_budget_minutes` is not supported with several workers (they could "
+            "disagree on when to stop); set `epochs` instead."
+        )
     output_dir = pathlib.Path(output_dir)
     chief = is_chief(strategy)
     write_dir = worker_write_dir(output_dir, strategy)
@@ -386,6 +395,12 @@ def train(
     if continue_from is not None and config.epochs <= initial_epoch:
         print(f"{output_dir} holds a finished run of {initial_epoch} epoch(s); nothing to "
               "train (pass a larger --epochs to continue it).", flush=True)
+        return _load_finished_run(config, output_dir, continue_from, previous)
+    if continue_from is not None and time_budget_reached(
+            previous["epoch_seconds"], config.time_budget_minutes):
+        print(f"{output_dir} holds a run of {initial_epoch} epoch(s) that its time budget "
+              f"of {config.time_budget_minutes:g} minutes stopped; nothing to train (set a "
+              "larger time_budget_minutes to continue it).", flush=True)
         return _load_finished_run(config, output_dir, continue_from, previous)
 
     keras.utils.set_random_seed(config.seed)
@@ -464,6 +479,7 @@ def train(
                       else "val_loss" if val_ds is not None else "loss"),
         keep_checkpoints=config.keep_checkpoints,
         run_history=run_history,
+        time_budget_minutes=config.time_budget_minutes,
     )
     model.fit(
         train_ds,
@@ -487,7 +503,7 @@ def train(
         output_dir=output_dir,
         history=run_history.history,
         train_seconds=run_history.train_seconds,
-        epochs_trained=config.epochs - initial_epoch,
+        epochs_trained=len(run_history.epoch_seconds) - initial_epoch,
     )
 
 

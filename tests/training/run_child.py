@@ -1,7 +1,7 @@
 """Child script of the run-life tests: one `train` call of the real model, that can die.
 
 Usage: `python run_child.py OUTPUT_DIR RESULT_NPZ --tfds-dir DIR [--epochs N]
-[--kill-after-epoch E] [--kill-at-batch B]`.
+[--kill-after-epoch E] [--kill-at-batch B] [--time-budget MINUTES]`.
 
 Trains the tiny preset (on a small training subset, full shuffled epochs) through
 `keras_transformer.training.trainer.train`, the code path of `keras-transformer train`.
@@ -60,10 +60,12 @@ def main():
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--kill-after-epoch", type=int)
     parser.add_argument("--kill-at-batch", type=int)
+    parser.add_argument("--time-budget", type=float, help="time_budget_minutes")
     args = parser.parse_args()
 
     config = get_preset("tiny").replace(
-        epochs=args.epochs, steps_per_epoch=None, train_subset=TRAIN_SUBSET, bleu_sentences=0
+        epochs=args.epochs, steps_per_epoch=None, train_subset=TRAIN_SUBSET, bleu_sentences=0,
+        time_budget_minutes=args.time_budget,
     )
     epochs_run = []
     callbacks = [keras.callbacks.LambdaCallback(

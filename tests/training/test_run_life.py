@@ -9,14 +9,17 @@ import sys
 
 import numpy as np
 import pytest
+import tensorflow as tf
 
 from keras_transformer.training import get_preset
 from keras_transformer.training.callbacks import read_run_history
+from keras_transformer.training.callbacks import time_budget_reached
 from keras_transformer.training.trainer import (
     ConfigMismatchError,
     check_resumable,
     epoch_seed,
     is_run_directory,
+    train,
 )
 
 _SCRIPT = os.path.join(os.path.dirname(__file__), "run_child.py")
@@ -90,6 +93,55 @@ def test_finished_run_continues_to_more_epochs(reference, tmp_path, multi30k_tfd
     _assert_same_state(actual, np.load(reference / "result.npz"))
     assert read_run_history(run / "history.json")["epochs"] == 3
     assert json.loads((run / "config.json").read_text())["epochs"] == 3
+
+
+@pytest.mark.slow
+def test_time_budget_stops_a_run_that_then_counts_as_finished(reference, tmp_path,
+                                                              multi30k_tfds_dir):
+    run = tmp_path / "run"
+    # Any epoch overruns a budget of a microsecond: the first epoch is the last.
+    stopped = _run(run, tmp_path / "one.npz", multi30k_tfds_dir, "--time-budget", "1e-8")
+    assert stopped.returncode == 0, stopped.stderr[-4000:]
+    assert "Time budget:" in stopped.stdout and "training stops here" in stopped.stdout
+    assert np.load(tmp_path / "one.npz")["epochs_run"].tolist() == [0]
+    assert (run / "model.keras").is_file() and not (run / "backup").exists()
+    assert read_run_history(run / "history.json")["epochs"] == 1
+
+    again = _run(run, tmp_path / "again.npz", multi30k_tfds_dir, "--time-budget", "1e-8")
+    assert again.returncode == 0, again.stderr[-4000:]
+    assert "time budget" in again.stdout and "nothing to train" in again.stdout
+    assert np.load(tmp_path / "again.npz")["epochs_run"].tolist() == []
+
+    # A larger budget continues it, exactly as if it had never stopped.
+    continued = _run(run, tmp_path / "three.npz", multi30k_tfds_dir, "--time-budget", "1000")
+    assert continued.returncode == 0, continued.stderr[-4000:]
+    actual = np.load(tmp_path / "three.npz")
+    assert actual["epochs_run"].tolist() == [1, 2]
+    _assert_same_state(actual, np.load(reference / "result.npz"))
+    assert read_run_history(run / "history.json")["epochs"] == 3
+
+
+def test_time_budget_predicts_the_next_epoch_by_the_longest():
+    assert not time_budget_reached([], 1.0)
+    assert not time_budget_reached([600.0] * 5, None)
+    assert not time_budget_reached([20.0, 30.0], 1.35)  # 50 s + 30 s = 80 s <= 81 s
+    assert time_budget_reached([20.0, 30.0], 1.3)  # 80 s > 78 s
+    assert time_budget_reached([30.0, 20.0], 1.3)  # the longest, not the last
+
+
+def test_time_budget_is_validated_and_refused_with_several_workers(tmp_path):
+    with pytest.raises(ValueError, match="time_budget_minutes"):
+        get_preset("tiny").replace(time_budget_minutes=0)
+
+    class TwoWorkers:  # what `task_of` reads of a MultiWorkerMirroredStrategy
+        cluster_resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
+            tf.train.ClusterSpec({"worker": ["localhost:1", "localhost:2"]}),
+            task_type="worker", task_id=0)
+
+    with pytest.raises(ValueError, match="not supported with several workers"):
+        train(get_preset("tiny").replace(time_budget_minutes=5), tmp_path / "run",
+              strategy=TwoWorkers())
+    assert not (tmp_path / "run").exists()
 
 
 def test_changed_config_is_refused_listing_the_fields(tmp_path):
