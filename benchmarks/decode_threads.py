@@ -7,7 +7,9 @@ both signatures on the first `--limit` test_2016 sentences in batches of `--batc
 (input order) and one sentence at a time. The settings are what TF Serving's
 `--tensorflow_intra_op_parallelism` and `--tensorflow_inter_op_parallelism` set.
 `--callers 2` also times the batches shared among 2 threads calling the signature at once,
-as TF Serving's `num_batch_threads: 2` runs two batches together.
+as TF Serving's `num_batch_threads: 2` runs two batches together. `--onednn on,off` times
+every setting with TensorFlow's oneDNN kernels on and off (`TF_ENABLE_ONEDNN_OPTS`, which a
+TF Serving process reads from its environment too).
 
     .venv/bin/python benchmarks/decode_threads.py runs/multi30k --checkpoint averaged \
         --settings 1x1,2x1,1x2,2x2 --callers 2
@@ -42,6 +44,9 @@ def _parse_args(argv):
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--callers", type=int, default=1,
                         help="also time N threads calling the signature concurrently")
+    parser.add_argument("--onednn", default="default",
+                        help="comma-separated TF_ENABLE_ONEDNN_OPTS modes to time: on, off, "
+                             "default (the environment's)")
     # Internal: one timing process.
     parser.add_argument("--measure", help=argparse.SUPPRESS)
     parser.add_argument("--sources", help=argparse.SUPPRESS)
@@ -63,6 +68,22 @@ def parse_settings(text):
                              f"{item.strip()!r}")
         settings.append((int(parts[0]), int(parts[1])))
     return settings
+
+
+ONEDNN_MODES = {"on": "1", "off": "0", "default": None}
+
+
+def parse_onednn(text):
+    """`"on,off"` -> `["on", "off"]`, with a clear error on anything else.
+
+    >>> parse_onednn("off, on")
+    ['off', 'on']
+    """
+    modes = [item.strip().lower() for item in text.split(",")]
+    for mode in modes:
+        if mode not in ONEDNN_MODES:
+            raise SystemExit(f"--onednn: expected on, off or default, got {mode!r}")
+    return modes
 
 
 def _measure(args):
@@ -104,7 +125,10 @@ def _measure(args):
             translate(text=tf.constant([sentence]))
             latencies.append(time.perf_counter() - started)
         figures[signature] = (rate, statistics.median(latencies), concurrent)
+    from tensorflow.python.util import _pywrap_util_port  # no public API says it
+
     print("RESULT " + json.dumps(figures), flush=True)
+    print("ONEDNN " + json.dumps(bool(_pywrap_util_port.IsMklEnabled())), flush=True)
 
 
 def main(argv=None):
@@ -115,6 +139,7 @@ def main(argv=None):
     if not args.run_dir:
         raise SystemExit("decode_threads.py: give a training run directory")
     settings = parse_settings(args.settings)
+    modes = parse_onednn(args.onednn)
 
     from keras_transformer.data import load_multi30k
     from keras_transformer.export import DecodingConfig, Translator, export_translator, load_run
@@ -131,15 +156,24 @@ def main(argv=None):
         sources_file = os.path.join(tmp, "sources.json")
         with open(sources_file, "w", encoding="utf-8") as f:
             json.dump(sources, f)
-        for intra, inter in settings:
+        for (intra, inter), mode in [(s, m) for s in settings for m in modes]:
             command = [sys.executable, os.path.abspath(__file__), "--measure", str(export_dir),
                        "--sources", sources_file, "--threads", f"{intra}x{inter}",
                        "--batch-size", str(args.batch_size), "--callers", str(args.callers),
                        "--latency-sentences", str(args.latency_sentences)]
-            output = subprocess.run(command, check=True, capture_output=True, text=True).stdout
-            figures = json.loads(output.split("RESULT ", 1)[1])
-            rows.append(((intra, inter), figures))
-            print(f"intra {intra}, inter {inter}: " + ", ".join(
+            env = dict(os.environ)
+            if ONEDNN_MODES[mode] is not None:
+                env["TF_ENABLE_ONEDNN_OPTS"] = ONEDNN_MODES[mode]
+            output = subprocess.run(command, check=True, capture_output=True, text=True,
+                                    env=env).stdout
+            figures = json.loads(output.split("RESULT ", 1)[1].split("\n", 1)[0])
+            enabled = json.loads(output.split("ONEDNN ", 1)[1].split("\n", 1)[0])
+            if mode != "default" and enabled != (mode == "on"):
+                raise SystemExit(f"--onednn {mode}: TensorFlow reports oneDNN "
+                                 f"{'on' if enabled else 'off'}")
+            mode = "on" if enabled else "off"
+            rows.append(((intra, inter), mode, figures))
+            print(f"intra {intra}, inter {inter}, oneDNN {mode}: " + ", ".join(
                 f"{name} {rate:.1f} sent/s, {1000 * median:.0f} ms median at batch 1"
                 for name, (rate, median, _) in figures.items()), flush=True)
 
@@ -147,14 +181,14 @@ def main(argv=None):
           f"{args.beam_size}")
     extra = (f" beam sent/s, {args.callers} callers | greedy sent/s, {args.callers} callers |"
              if args.callers > 1 else "")
-    print(f"| intra-op | inter-op | beam {args.beam_size} sent/s | beam latency (ms) | "
+    print(f"| intra-op | inter-op | oneDNN | beam {args.beam_size} sent/s | beam latency (ms) | "
           f"greedy sent/s | greedy latency (ms) |{extra}")
-    print("|---|---|---|---|---|---|" + ("---|---|" if extra else ""))
-    for (intra, inter), figures in rows:
+    print("|---|---|---|---|---|---|---|" + ("---|---|" if extra else ""))
+    for (intra, inter), mode, figures in rows:
         (beam, beam_median, beam_both), (greedy, greedy_median, greedy_both) = (
             figures["translate"], figures["translate_greedy"])
         concurrent = f" {beam_both:.1f} | {greedy_both:.1f} |" if extra else ""
-        print(f"| {intra} | {inter} | {beam:.1f} | {1000 * beam_median:.0f} | {greedy:.1f} | "
+        print(f"| {intra} | {inter} | {mode} | {beam:.1f} | {1000 * beam_median:.0f} | {greedy:.1f} | "
               f"{1000 * greedy_median:.0f} |{concurrent}")
     return 0
 

@@ -272,9 +272,9 @@ def time_budget_reached(epoch_seconds, minutes):
 
     Example:
 
-    >>> time_budget_reached([600.0, 660.0], minutes=30)
+    >>> time_budget_reached([600.0, 660.0], minutes=35)  # 21 + 11 min <= 35
     False
-    >>> time_budget_reached([600.0, 660.0, 630.0], minutes=30)
+    >>> time_budget_reached([600.0, 660.0, 630.0], minutes=35)  # 31.5 + 11 min > 35
     True
     """
     if minutes is None or not epoch_seconds:
@@ -305,6 +305,7 @@ class TimeBudget(keras.callbacks.Callback):
     >>> budget = TimeBudget(1e-9, record)
     >>> _ = model.fit(np.ones((8, 2)), np.ones((8, 1)), epochs=5, verbose=0,
     ...               callbacks=[record, budget])
+    Time budget: 0.0 of 1e-09 minutes used after epoch 1; ... so training stops here.
     >>> record.record()["epochs"], budget.stopped_epoch
     (1, 1)
     """

@@ -81,12 +81,14 @@ def test_decode_threads_times_each_setting_in_its_own_process(tiny_run, capsys):
     script = _load("decode_threads")
     assert script.main([str(tiny_run), "--settings", "1x1,2x1", "--limit", "6",
                         "--batch-size", "3", "--latency-sentences", "2", "--beam-size", "2",
-                        "--callers", "2"]) == 0
+                        "--callers", "2", "--onednn", "off,on"]) == 0
     out = capsys.readouterr().out
-    rows = re.findall(r"^\| (\d) \| (\d) \| (\d+\.\d) \| (\d+) \| (\d+\.\d) \| (\d+) \| "
-                      r"\d+\.\d \| \d+\.\d \|$", out, re.M)
-    assert [row[:2] for row in rows] == [("1", "1"), ("2", "1")], out
-    assert all(float(row[2]) > 0 and float(row[4]) > 0 for row in rows), out
+    rows = re.findall(r"^\| (\d) \| (\d) \| (on|off) \| (\d+\.\d) \| (\d+) \| (\d+\.\d) \| "
+                      r"(\d+) \| \d+\.\d \| \d+\.\d \|$", out, re.M)
+    # Each setting in each mode, the mode as the measuring process's TensorFlow reports it.
+    assert [row[:3] for row in rows] == [("1", "1", "off"), ("1", "1", "on"),
+                                         ("2", "1", "off"), ("2", "1", "on")], out
+    assert all(float(row[3]) > 0 and float(row[5]) > 0 for row in rows), out
 
 
 def test_decode_threads_rejects_bad_settings():
@@ -95,6 +97,9 @@ def test_decode_threads_rejects_bad_settings():
     for bad in ("2", "0x1", "2x", "axb", "2x1x1"):
         with pytest.raises(SystemExit, match="INTRAxINTER"):
             script.parse_settings(bad)
+    assert script.parse_onednn("on, OFF,default") == ["on", "off", "default"]
+    with pytest.raises(SystemExit, match="on, off or default"):
+        script.parse_onednn("yes")
 
 
 @pytest.mark.slow
