@@ -14,6 +14,7 @@ import time
 # TensorFlow's start-up lines are hidden before TensorFlow is imported, by the package's
 # __init__ (keras_transformer/cli_startup.py); `--verbose` shows them.
 
+DEFAULT_PRESET = "quick"  # `train` without --preset, --config or an existing run
 PRECISIONS = {"none": None, "float32": None, "bf16": "mixed_bfloat16",
               "mixed_bfloat16": "mixed_bfloat16", "fp16": "mixed_float16",
               "mixed_float16": "mixed_float16"}
@@ -102,10 +103,32 @@ def _data_overrides(args):
     return overrides
 
 
+def _own_config_path(args):
+    """The run's `config.json` when `train` was given neither `--preset` nor `--config`.
+
+    Only for one process, and not with `--overwrite` (which starts over): workers on
+    several machines may not share the run directory, and a worker without the file would
+    otherwise build another model than the chief.
+    """
+    path = pathlib.Path(args.output) / "config.json"
+    if args.overwrite or os.environ.get("TF_CONFIG") or not path.is_file():
+        return None
+    return path
+
+
 def _load_config(args):
     from keras_transformer.training import TrainingConfig, get_preset
 
-    config = TrainingConfig.from_file(args.config) if args.config else get_preset(args.preset)
+    if args.config:
+        config = TrainingConfig.from_file(args.config)
+    elif args.preset:
+        config = get_preset(args.preset)
+    elif _own_config_path(args) is not None:
+        config = TrainingConfig.from_file(_own_config_path(args))
+        print(f"Continuing {args.output} with its own configuration ({_own_config_path(args)})",
+              flush=True)
+    else:
+        config = get_preset(DEFAULT_PRESET)
     overrides = _parse_overrides(args.set)
     overrides.update(_data_overrides(args))
     if args.epochs is not None:
@@ -424,7 +447,10 @@ def build_parser():
         "--train TSV --valid TSV with --source-lang/--target-lang, or --data "
         "tfds:ted_hrlr_translate/pt_to_en, or Multi30K (default) with --source-lang/"
         "--target-lang among en, de, fr, cs.")
-    train.add_argument("--preset", default="quick", help="tiny | quick | multi30k (default quick)")
+    train.add_argument(
+        "--preset",
+        help=f"tiny | quick | multi30k (default: an existing run's own configuration, else "
+             f"{DEFAULT_PRESET})")
     train.add_argument("--config", help="a JSON or YAML TrainingConfig file (overrides --preset)")
     train.add_argument("--set", nargs="*", metavar="KEY=VALUE", help="override config fields")
     train.add_argument("--epochs", type=int)

@@ -54,6 +54,31 @@ def test_resuming_with_another_config_is_refused(tmp_path):
         main(_train_args(tmp_path, "--set", "d_model=32"))
 
 
+def test_a_run_continues_with_its_own_config_without_preset(tmp_path, monkeypatch, capsys):
+    from keras_transformer.cli import _load_config
+    from keras_transformer.training import get_preset
+
+    monkeypatch.delenv("TF_CONFIG", raising=False)
+    tiny = get_preset("tiny").replace(epochs=3)
+    tiny.to_file(tmp_path / "config.json")
+
+    def load(*extra):
+        return _load_config(build_parser().parse_args(["train", "--output", str(tmp_path), *extra]))
+
+    assert load() == tiny
+    assert "its own configuration" in capsys.readouterr().out
+    assert load("--epochs", "5") == tiny.replace(epochs=5)
+    assert load("--preset", "quick") == get_preset("quick")  # asked for: checked on resume
+    assert load("--overwrite") == get_preset("quick")  # starting over: the default preset
+    empty = tmp_path / "new"
+    assert _load_config(build_parser().parse_args(["train", "--output", str(empty)])) == (
+        get_preset("quick"))
+    # Several workers may not share a file system: the run's file is not read, and a
+    # worker whose directory lacks it would otherwise train another model.
+    monkeypatch.setenv("TF_CONFIG", '{"cluster": {"worker": ["a:1", "b:2"]}}')
+    assert load() == get_preset("quick")
+
+
 def test_worker_flags_set_tf_config(monkeypatch, tmp_path):
     from keras_transformer.cli import _set_worker_tf_config
 

@@ -230,8 +230,8 @@ def check_resumable(config, run_dir):
         raise ConfigMismatchError(
             f"{run_dir} was trained with a different configuration:\n{lines}\n"
             f"Only {', '.join(RESUMABLE_FIELDS)} may change when resuming or continuing a "
-            "run. Use the run's own settings, another output directory, or --overwrite to "
-            "start over."
+            "run. Use the run's own settings (leave out --preset and --config to continue with "
+            "them), another output directory, or --overwrite to start over."
         )
 
 
