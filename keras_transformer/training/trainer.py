@@ -487,6 +487,7 @@ def train(
         epochs=config.epochs,
         initial_epoch=initial_epoch,
         steps_per_epoch=steps_per_epoch,
+        shuffle=False,  # the pipeline shuffles each epoch with its own seed
         callbacks=run_callbacks + list(callbacks or []),
         # Other workers print one line per epoch: the chief's progress bar is the run's.
         verbose=verbose if chief else 2,

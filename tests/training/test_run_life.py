@@ -46,7 +46,14 @@ def reference(tmp_path_factory, multi30k_tfds_dir):
     directory = tmp_path_factory.mktemp("reference")
     completed = _run(directory / "run", directory / "result.npz", multi30k_tfds_dir)
     assert completed.returncode == 0, completed.stderr[-4000:]
+    (directory / "stderr.txt").write_text(completed.stderr)
     return directory
+
+
+@pytest.mark.slow
+def test_training_warns_of_nothing_it_does_on_purpose(reference):
+    # The pipeline shuffles each epoch itself; fit's own `shuffle` would only warn.
+    assert "shuffle" not in (reference / "stderr.txt").read_text()
 
 
 @pytest.mark.slow
