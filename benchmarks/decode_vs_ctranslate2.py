@@ -25,6 +25,12 @@ TensorFlow's inter-op pool and CTranslate2's `inter_threads` (batches run in par
 sentences stay in the batch, as before that option existed) and times it at batch
 `--batch-size` in the same run (at batch 1 the two exports run the same steps).
 
+`--compare-jit` also exports the same weights with `jit_compile=True` (`export --jit`: XLA
+compiles the encoder and the search loop; finished sentences stay in the batch, the decoder
+cache has a fixed size) and times it beside the others. XLA compiles once per (batch size,
+source width) pair, so that engine first translates every batch once untimed: the timed pass
+is a warm server's.
+
 Run it alone on a quiet machine for figures worth recording (benchmarks/RESULTS.md).
 """
 
@@ -66,16 +72,21 @@ def _parse_args(argv):
     parser.add_argument("--data-dir", help="raw Multi30K directory (see `keras-transformer`)")
     parser.add_argument("--compare-keep-finished", action="store_true",
                         help="also time an export that keeps finished sentences in the batch")
+    parser.add_argument("--compare-jit", action="store_true",
+                        help="also time the XLA-compiled export (`export --jit`), warmed up "
+                             "on every batch shape first")
     return parser.parse_args(argv)
 
 
 class OurEngine:
     """The exported SavedModel's signatures, called on raw text."""
 
-    def __init__(self, export_dir, name="SavedModel"):
+    def __init__(self, export_dir, name="SavedModel", warm_every_batch=False):
         from keras_transformer.export import ExportedTranslator
 
         self.name = name
+        # XLA compiles per input shape: translate every batch once before timing.
+        self.warm_every_batch = warm_every_batch
         self._translators = {
             "beam": ExportedTranslator(export_dir, signature="translate"),
             "greedy": ExportedTranslator(export_dir, signature="translate_greedy"),
@@ -119,8 +130,10 @@ class CTranslate2Engine:
 
 def _throughput(engine, search, sources, batch_size, callers=1):
     """Sentences/s and translations; the batches shared round-robin among `callers` threads."""
-    engine.translate(sources[:batch_size], search)  # warm-up: first-call costs not timed
     starts = list(range(0, len(sources), batch_size))
+    # Warm-up: first-call costs (and XLA's compilations) not timed.
+    for start in starts if getattr(engine, "warm_every_batch", False) else starts[:1]:
+        engine.translate(sources[start:start + batch_size], search)
     outputs = {}
 
     def call_batches(index):
@@ -138,7 +151,8 @@ def _throughput(engine, search, sources, batch_size, callers=1):
 
 
 def _latency(engine, search, sources):
-    engine.translate(sources[:1], search)
+    for sentence in sources if getattr(engine, "warm_every_batch", False) else sources[:1]:
+        engine.translate([sentence], search)
     latencies = []
     for sentence in sources:
         started = time.perf_counter()
@@ -213,6 +227,13 @@ def main(argv=None):
                 Translator(model, source_tokenizer, target_tokenizer,
                            dataclasses.replace(config, drop_finished=False)),
                 os.path.join(tmp, "export_kept")), name="SavedModel, finished kept")
+        jit = None
+        if args.compare_jit:
+            jit = OurEngine(export_translator(
+                Translator(model, source_tokenizer, target_tokenizer,
+                           dataclasses.replace(config, jit_compile=True)),
+                os.path.join(tmp, "export_jit")), name="SavedModel, XLA (--jit)",
+                warm_every_batch=True)
         theirs = CTranslate2Engine(
             ct2_dir, source_tokenizer.model_path, args.threads, args.beam_size, args.alpha,
             args.max_output_length, config.max_input_length, args.inter_threads)
@@ -244,7 +265,7 @@ def main(argv=None):
         latency_sources = sources[: args.latency_sentences]
         for search in SEARCHES:
             figures = {}
-            for engine in (ours, theirs) if kept is None else (ours, kept, theirs):
+            for engine in [e for e in (ours, kept, jit, theirs) if e is not None]:
                 rate, hypotheses = _throughput(engine, search, sources, args.batch_size,
                                                args.callers)
                 if engine is kept:  # batch 1: the same steps as `ours`
@@ -276,6 +297,10 @@ def main(argv=None):
         if kept is not None:
             print(f"| {label[search]}, finished kept | "
                   f"{figures[kept.name][0] / ct2_rate:.2f}x | | |")
+        if jit is not None:
+            (jit_rate, _, jit_one, jit_median) = figures[jit.name]
+            print(f"| {label[search]}, XLA | {jit_rate / ct2_rate:.2f}x | "
+                  f"{jit_one / ct2_one:.2f}x | {jit_median / ct2_median:.2f}x |")
     return 0
 
 

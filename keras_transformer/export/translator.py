@@ -50,8 +50,8 @@ class DecodingConfig:
     # Compile the encoder and the search loop with XLA (`jit_compile=True`): fewer, fused
     # kernels per step, a fixed-size decoder cache. The export then needs a server with XLA
     # CPU compilation enabled (TF Serving: `--xla_cpu_compilation_enabled=true`), and each
-    # new (batch size, source width) pair compiles once. Off by default: stock servers run
-    # without that flag.
+    # new (batch size, source width rounded up to a multiple of `JIT_WIDTH_MULTIPLE`) pair
+    # compiles once. Off by default: stock servers run without that flag.
     jit_compile: bool = False
     # Greedy and beam search: a finished sentence leaves the batch (its rows are dropped
     # from the decoder's cache once a quarter of the batch is done), so it stops costing
@@ -81,6 +81,38 @@ TEXT_SPEC = tf.TensorSpec([None], tf.string, name="text")
 # One seed per sentence, so that TF Serving's server-side batching, which concatenates
 # requests along axis 0, can batch it (a scalar input cannot be batched).
 SEED_SPEC = tf.TensorSpec([None], tf.int64, name="seed")
+
+
+# With `jit_compile`, XLA compiles the search once per (batch size, source width) pair; source
+# widths rounded up to a multiple of this bound the compilations (a sentence of 1 to 8
+# pieces shares one) at the cost of a few masked source positions.
+JIT_WIDTH_MULTIPLE = 8
+
+
+def padded_width(lengths, multiple=1, limit=None):
+    """The source tensor's width: the longest of `lengths` (at least 1), rounded up.
+
+    Args:
+        lengths: int32 tensor (B,), source lengths in pieces (END included).
+        multiple: Python int >= 1; the width is rounded up to a multiple of it.
+        limit: optional Python int; rounding never goes past it (a learned position
+            table ends there), though the longest length is always kept.
+
+    Returns:
+        A scalar int32 tensor; at least 1, so an empty batch still has a (0, 1) source.
+
+    >>> int(padded_width(tf.constant([3, 5])))
+    5
+    >>> [int(padded_width(tf.constant(n), multiple=8)) for n in ([3, 5], [8], [9], [])]
+    [8, 8, 16, 8]
+    >>> int(padded_width(tf.constant([9]), multiple=8, limit=12))
+    12
+    """
+    width = tf.maximum(tf.reduce_max(tf.concat([tf.reshape(lengths, [-1]), [1]], 0)), 1)
+    rounded = (width + multiple - 1) // multiple * multiple
+    if limit is not None:
+        rounded = tf.maximum(tf.minimum(rounded, limit), width)
+    return rounded
 
 
 def check_position_limits(parts, config):
@@ -247,8 +279,8 @@ class Translator(tf.Module):
             text, max_length=config.max_input_length, add_end=True
         )  # ragged (B, None), END last
         source_lengths = tf.cast(source.row_lengths(), tf.int32)  # (B,)
-        # At least one column, so an empty batch still has a well-formed (0, 1) source.
-        width = tf.maximum(tf.reduce_max(tf.concat([source_lengths, [1]], 0)), 1)
+        width = padded_width(source_lengths, JIT_WIDTH_MULTIPLE if config.jit_compile else 1,
+                             limit=config.max_input_length)
         source_ids = source.to_tensor(PAD_ID, shape=[batch_size, width])  # (B, S)
         max_lengths = tf.minimum(source_lengths + config.extra_length, config.max_output_length)
         if config.jit_compile and search in ("greedy", "beam"):

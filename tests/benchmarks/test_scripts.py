@@ -110,7 +110,8 @@ def test_decode_vs_ctranslate2_side_by_side_with_concurrent_callers(tiny_run):
         [sys.executable, str(BENCHMARKS / "decode_vs_ctranslate2.py"), str(tiny_run),
          "--checkpoint", "final", "--limit", "7", "--batch-size", "3",
          "--latency-sentences", "2", "--beam-size", "2", "--threads", "1",
-         "--inter-threads", "2", "--callers", "2", "--compare-keep-finished"],
+         "--inter-threads", "2", "--callers", "2", "--compare-keep-finished",
+         "--compare-jit"],
         capture_output=True, text=True, timeout=600,
         env={**os.environ, "PYTHONPATH": str(BENCHMARKS.parent)})
     out = completed.stdout
@@ -118,9 +119,12 @@ def test_decode_vs_ctranslate2_side_by_side_with_concurrent_callers(tiny_run):
     assert "1 intra-op thread(s), 2 inter-op, 2 caller(s)" in out, out
     engines = re.findall(r"^\| (beam 2|greedy) \| ([^|]+) \| \d+\.\d \| \d+\.\d \| \d+ \| "
                          r"(\d+\.\d\d) \|$", out, re.M)
-    assert len(engines) == 6, out
-    # The same model: dropping finished sentences changes no translation.
+    assert len(engines) == 8, out
+    # The same model: dropping finished sentences, or XLA, changes no translation.
     bleu = {(search, engine.strip()): score for search, engine, score in engines}
     for search in ("beam 2", "greedy"):
         assert bleu[(search, "SavedModel")] == bleu[(search, "SavedModel, finished kept")]
+        assert bleu[(search, "SavedModel")] == bleu[(search, "SavedModel, XLA (--jit)")]
+    assert re.search(r"^\| greedy, XLA \| \d+\.\d\dx \| \d+\.\d\dx \| \d+\.\d\dx \|$", out,
+                     re.M), out
     assert re.search(r"^\| beam 2 \| \d+\.\d\dx \| \d+\.\d\dx \| \d+\.\d\dx \|$", out, re.M), out
