@@ -319,6 +319,8 @@ class TimeBudget(keras.callbacks.Callback):
         self.stopped_epoch = None
 
     def on_epoch_end(self, epoch, logs=None):
+        if epoch + 1 >= self.params.get("epochs", float("inf")):
+            return  # the last epoch: the run ends anyway, the budget stopped nothing
         seconds = self.run_history.epoch_seconds
         if time_budget_reached(seconds, self.minutes):
             self.model.stop_training = True

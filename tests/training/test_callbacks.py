@@ -180,3 +180,17 @@ def test_epoch_checkpoints_keep_the_last_n(tmp_path):
     last = np.load(files[-1])
     for i, weight in enumerate(model.get_weights()):
         np.testing.assert_array_equal(last[f"arr_{i}"], weight)
+
+
+def test_time_budget_says_nothing_after_the_last_epoch(tmp_path, capsys):
+    from keras_transformer.training.callbacks import RunHistory, TimeBudget
+
+    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+    model.compile(optimizer="sgd", loss="mse")
+    record = RunHistory(str(tmp_path / "history.json"))
+    budget = TimeBudget(1e-9, record)
+    model.fit(np.ones((8, 2)), np.ones((8, 1)), epochs=2, initial_epoch=1, verbose=0,
+              callbacks=[record, budget])
+    # The run ended at its last epoch: nothing was stopped, nothing left to announce.
+    assert budget.stopped_epoch is None
+    assert "Time budget" not in capsys.readouterr().out
