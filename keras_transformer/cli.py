@@ -258,6 +258,7 @@ def cmd_export(args):
             top_p=args.top_p,
             disable_unk=not args.allow_unk,
             jit_compile=args.jit,
+            jit_max_rows=args.jit_max_rows or None,
             drop_finished=not args.keep_finished,
         )
     except ValueError as error:
@@ -528,6 +529,10 @@ def build_parser():
     export.add_argument("--jit", action="store_true",
                         help="compile the encoder and the search loop with XLA (faster; the "
                         "model server must run with --xla_cpu_compilation_enabled=true)")
+    export.add_argument("--jit-max-rows", type=int, default=4, metavar="N",
+                        help="with --jit: a batch of more than N rows (sentences x beam "
+                        "size) takes the regular search, faster on large batches (default 4; "
+                        "0 = XLA at every size)")
     export.add_argument("--allow-unk", action="store_true",
                         help="let the searches produce the UNK piece (never produced by default)")
     export.add_argument("--keep-finished", action="store_true",

@@ -53,9 +53,16 @@ class DecodingConfig:
     # new (batch size, source width rounded up to a multiple of `JIT_WIDTH_MULTIPLE`) pair
     # compiles once. Off by default: stock servers run without that flag.
     jit_compile: bool = False
+    # With `jit_compile`: a batch whose search decodes more rows than this (sentences,
+    # times `beam_size` for beam search) takes the regular search instead (finished
+    # sentences dropped, a growing cache): on more rows XLA's fixed-size cache and finished
+    # rows cost more than its fused kernels save. Measured on the reference model, XLA is
+    # faster up to 4 rows (greedy batch 4, beam 4 batch 1) and slower from 8
+    # (benchmarks/RESULTS.md). None: XLA at every batch size.
+    jit_max_rows: int | None = 4
     # Greedy and beam search: a finished sentence leaves the batch (its rows are dropped
     # from the decoder's cache once a quarter of the batch is done), so it stops costing
-    # compute; the results are the same. Not with `jit_compile` (it needs static shapes).
+    # compute; the results are the same. Not in the XLA-compiled search (static shapes).
     drop_finished: bool = True
 
     def __post_init__(self):
@@ -75,6 +82,11 @@ class DecodingConfig:
             raise ValueError(f"`top_k` must be an int >= 0 (0 = off), got top_k={self.top_k}.")
         if not 0 < self.top_p <= 1:
             raise ValueError(f"`top_p` must be in (0, 1] (1 = off), got top_p={self.top_p}.")
+        if self.jit_max_rows is not None and self.jit_max_rows < 1:
+            raise ValueError(
+                f"`jit_max_rows` must be >= 1 (or None: XLA at every batch size), got "
+                f"jit_max_rows={self.jit_max_rows}."
+            )
 
 
 TEXT_SPEC = tf.TensorSpec([None], tf.string, name="text")
@@ -113,6 +125,12 @@ def padded_width(lengths, multiple=1, limit=None):
     if limit is not None:
         rounded = tf.maximum(tf.minimum(rounded, limit), width)
     return rounded
+
+
+def _outputs(result):
+    """A `SearchResult`'s tokens, float32 scores and int32 lengths (one structure, so that
+    `tf.cond` can choose between searches)."""
+    return result.tokens, tf.cast(result.scores, tf.float32), tf.cast(result.lengths, tf.int32)
 
 
 def check_position_limits(parts, config):
@@ -235,7 +253,7 @@ class Translator(tf.Module):
         self._compiled_searches = {
             search: tf.function(
                 lambda source_ids, max_lengths, search=search: self._search(
-                    source_ids, tf.shape(source_ids)[0], max_lengths, search
+                    source_ids, tf.shape(source_ids)[0], max_lengths, search, compiled=True
                 ),
                 jit_compile=True,
                 autograph=False,
@@ -283,18 +301,29 @@ class Translator(tf.Module):
                              limit=config.max_input_length)
         source_ids = source.to_tensor(PAD_ID, shape=[batch_size, width])  # (B, S)
         max_lengths = tf.minimum(source_lengths + config.extra_length, config.max_output_length)
+        def regular():
+            return _outputs(self._search(source_ids, batch_size, max_lengths, search, seeds))
+
         if config.jit_compile and search in ("greedy", "beam"):
             # The tokenizers are not XLA ops: only the encoder and the search are compiled.
-            result = self._compiled_searches[search](source_ids, max_lengths)
+            def compiled():
+                return _outputs(self._compiled_searches[search](source_ids, max_lengths))
+
+            if config.jit_max_rows is None:
+                tokens, scores, lengths = compiled()
+            else:
+                rows = batch_size * (config.beam_size if search == "beam" else 1)
+                tokens, scores, lengths = tf.cond(rows <= config.jit_max_rows, compiled, regular)
         else:
-            result = self._search(source_ids, batch_size, max_lengths, search, seeds)
+            tokens, scores, lengths = regular()
         return {
-            "translation": self.target_tokenizer.detokenize(result.tokens),
-            "score": tf.cast(result.scores, tf.float32),
-            "length": tf.cast(result.lengths, tf.int32),
+            "translation": self.target_tokenizer.detokenize(tokens),
+            "score": scores,
+            "length": lengths,
         }
 
-    def _search(self, source_ids, batch_size, max_lengths, search, seeds=None):
+    def _search(self, source_ids, batch_size, max_lengths, search, seeds=None, compiled=False):
+        """One search; `compiled`: inside the XLA function (static shapes throughout)."""
         config, parts = self.config, self._parts
         memory, memory_mask = parts.encode(source_ids)
         common = dict(
@@ -316,10 +345,10 @@ class Translator(tf.Module):
             # The memory part of the cache stays at one row per sentence (not tiled to
             # beams), a search argument so that finished sentences can leave the batch.
             next_logits, cache, memory_state = parts.search_step(
-                memory, memory_mask, config.max_output_length, fixed_length=config.jit_compile
+                memory, memory_mask, config.max_output_length, fixed_length=compiled
             )
             common.update(sentence_cache=memory_state,
-                          drop_finished=config.drop_finished and not config.jit_compile)
+                          drop_finished=config.drop_finished and not compiled)
             if search == "greedy":
                 return decoding.greedy_search(next_logits, cache, **common)
             return decoding.beam_search(

@@ -104,12 +104,41 @@ def test_batch_equals_one_at_a_time(copy_task, search):
 
 
 @pytest.mark.slow
+def test_xla_export_sends_larger_batches_to_the_regular_search(copy_task):
+    """Batches of more than `jit_max_rows` rows skip XLA (faster there), translating the same."""
+    from keras_transformer.decoding.utils import SearchResult
+
+    jit = copy_task.translator(search="greedy", jit_compile=True, jit_max_rows=2)
+    beam = copy_task.translator(search="beam", beam_size=2, jit_compile=True, jit_max_rows=2)
+
+    def marked(source_ids, max_lengths):  # stands in for the XLA search: scores -123
+        rows = tf.shape(source_ids)[0]
+        return SearchResult(tokens=tf.fill([rows, 1], 2), scores=tf.fill([rows], -123.0),
+                            lengths=tf.ones([rows], tf.int32), normalized_scores=None)
+
+    jit._compiled_searches["greedy"] = marked
+    beam._compiled_searches["beam"] = marked
+    sentences = copy_task.held_out[:3]
+    assert (outputs(jit, sentences[:2])[1] == -123.0).all()
+    # Rows, not sentences: one sentence of beam 2 is 2 rows, two are 4.
+    assert (outputs(beam, sentences[:1])[1] == -123.0).all()
+    assert (outputs(beam, sentences[:2])[1] != -123.0).all()
+    text, score, _ = outputs(jit, sentences)
+    expected_text, expected_score, _ = outputs(copy_task.translator(search="greedy"), sentences)
+    assert text == expected_text
+    np.testing.assert_allclose(score, expected_score, rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="jit_max_rows"):
+        copy_task.translator(search="greedy", jit_compile=True, jit_max_rows=0)
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("search", ["greedy", "beam"])
 def test_xla_compiled_search_equals_the_default(copy_task, search):
     """`jit_compile=True` (XLA, fixed-size cache) translates exactly as the default export."""
     sentences = copy_task.held_out[:8] + ["", "ka", "bal dor fen gim hut sel tam vin"]
     text, score, length = outputs(copy_task.translator(search=search, beam_size=3), sentences)
-    jit = copy_task.translator(search=search, beam_size=3, jit_compile=True)
+    jit = copy_task.translator(search=search, beam_size=3, jit_compile=True,
+                               jit_max_rows=None)  # XLA at every batch size
     text_jit, score_jit, length_jit = outputs(jit, sentences)
     assert text_jit == text
     np.testing.assert_array_equal(length_jit, length)
@@ -341,7 +370,9 @@ def test_export_cli_sampling_flags_reach_the_translator(small_tokenizer, monkeyp
     assert not cli.build_parser().parse_args(base).allow_unk  # UNK forbidden by default
     assert not config.jit_compile  # XLA only on request: stock servers run without it
     cli.main(base + ["--search", "greedy", "--jit"])
-    assert written["t"].config.jit_compile
+    assert written["t"].config.jit_compile and written["t"].config.jit_max_rows == 4
+    cli.main(base + ["--search", "greedy", "--jit", "--jit-max-rows", "0"])
+    assert written["t"].config.jit_max_rows is None  # XLA at every batch size
     with pytest.raises(SystemExit, match="temperature"):
         cli.main(base + ["--search", "sample", "--temperature", "0"])
     with pytest.raises(SystemExit, match="top_p"):
