@@ -26,8 +26,9 @@ sentences stay in the batch, as before that option existed) and times it at batc
 `--batch-size` in the same run (at batch 1 the two exports run the same steps).
 
 `--compare-jit` also exports the same weights with `jit_compile=True` (`export --jit`: XLA
-compiles the encoder and the search loop; finished sentences stay in the batch, the decoder
-cache has a fixed size) and times it beside the others. XLA compiles once per (batch size,
+compiles the encoder and the search loop for batches of at most `jit_max_rows` decoder rows,
+finished sentences staying in the batch and the decoder cache of a fixed size; larger batches
+take the regular search) and times it beside the others. XLA compiles once per (batch size,
 source width) pair, so that engine first translates every batch once untimed: the timed pass
 is a warm server's.
 
