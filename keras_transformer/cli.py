@@ -119,14 +119,14 @@ def _own_config_path(args):
 def _load_config(args):
     from keras_transformer.training import TrainingConfig, get_preset
 
+    own_config = None if args.config or args.preset else _own_config_path(args)
     if args.config:
         config = TrainingConfig.from_file(args.config)
     elif args.preset:
         config = get_preset(args.preset)
-    elif _own_config_path(args) is not None:
-        config = TrainingConfig.from_file(_own_config_path(args))
-        print(f"Continuing {args.output} with its own configuration ({_own_config_path(args)})",
-              flush=True)
+    elif own_config is not None:
+        config = TrainingConfig.from_file(own_config)
+        print(f"Continuing {args.output} with its own configuration ({own_config})", flush=True)
     else:
         config = get_preset(DEFAULT_PRESET)
     overrides = _parse_overrides(args.set)

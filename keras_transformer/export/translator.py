@@ -301,6 +301,7 @@ class Translator(tf.Module):
                              limit=config.max_input_length)
         source_ids = source.to_tensor(PAD_ID, shape=[batch_size, width])  # (B, S)
         max_lengths = tf.minimum(source_lengths + config.extra_length, config.max_output_length)
+
         def regular():
             return _outputs(self._search(source_ids, batch_size, max_lengths, search, seeds))
 
