@@ -7,8 +7,18 @@ modules, imported on demand because they pull in tensorflow-text and tf.data) th
 (`keras_transformer.export`).
 """
 
+import os
+
+# TensorFlow's CPU allocator: a pooling (BFC) one unless the user chose (`=false` keeps the
+# system allocator). TensorFlow reads this at its first op, so it works even when TensorFlow
+# was imported first, as long as no op has run. With the system allocator, once any Python
+# code has run inside tf.data (`Dataset.from_generator`, used by every file-reading source),
+# training steps ran up to 1.8x slower here, the time going to page faults on freshly mapped
+# memory (benchmarks/RESULTS.md, "CPU allocator").
+os.environ.setdefault("TF_CPU_ALLOCATOR_USE_BFC", "true")
+
 # Before anything imports TensorFlow: the command line hides its C++ start-up lines.
-from keras_transformer.cli_startup import quiet_tensorflow_startup
+from keras_transformer.cli_startup import quiet_tensorflow_startup  # noqa: E402
 
 quiet_tensorflow_startup()
 
