@@ -11,7 +11,6 @@ import pytest
 
 # Runs one op, then asks for the CPU allocator's statistics: only a BFC allocator has them.
 PROBE = """
-import sys
 import keras_transformer  # noqa: F401  (the package first, as a user's script would)
 import tensorflow as tf
 tf.ones([256, 256])
