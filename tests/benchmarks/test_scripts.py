@@ -68,6 +68,27 @@ def test_choose_on_validation_compares_checkpoints_and_alphas(tiny_run, capsys):
     assert f"chosen on validation: --checkpoint {best[0]} --alpha {best[1]}" in out
 
 
+@pytest.mark.slow
+def test_choose_on_validation_averages_the_last_k_epochs_on_the_side(tiny_run, capsys):
+    # "averaged-K": the mean of the last K epoch checkpoints, written to a scratch file; the
+    # run's own averaged.keras (the fixture's last-2 average) is left as it was.
+    averaged = tiny_run / "checkpoints" / "averaged.keras"
+    before = averaged.read_bytes()
+    script = _load("choose_on_validation")
+    script.main([str(tiny_run), "--checkpoints", "final,averaged,averaged-1,averaged-2",
+                 "--alphas", "0.6", "--beam-size", "2", "--batch-size", "4"])
+    out = capsys.readouterr().out
+    bleu = dict(re.findall(r"^\| (\S+) \| 2 \| 0\.6 \| (\d+\.\d\d) \|$", out, re.M))
+    assert set(bleu) == {"final", "averaged", "averaged-1", "averaged-2"}, out
+    # The last epoch alone is the final model; the last two are what the fixture averaged.
+    assert bleu["averaged-1"] == bleu["final"], out
+    assert bleu["averaged-2"] == bleu["averaged"], out
+    assert averaged.read_bytes() == before
+    best = max(bleu, key=lambda name: float(bleu[name]))
+    if best.startswith("averaged-"):
+        assert f"keras-transformer average --model {tiny_run} --last {best[9:]}" in out, out
+
+
 def test_finished_row_share():
     share = _load("decode_vs_ctranslate2").finished_row_share
     assert share([2, 4, 4, 2], batch_size=2) == 0.25  # each batch wastes 2 of 8 row-steps
