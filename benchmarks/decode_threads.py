@@ -28,6 +28,10 @@ import threading
 import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+# Time the export under the CPU allocator TF Serving runs by default (TensorFlow's), not the
+# BFC allocator that importing keras_transformer selects for training (README, "Training");
+# TF_CPU_ALLOCATOR_USE_BFC=true in the environment times BFC instead.
+os.environ.setdefault("TF_CPU_ALLOCATOR_USE_BFC", "false")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 

@@ -45,6 +45,10 @@ import threading
 import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+# Time the export under the CPU allocator TF Serving runs by default (TensorFlow's), not the
+# BFC allocator that importing keras_transformer selects for training (README, "Training");
+# TF_CPU_ALLOCATOR_USE_BFC=true in the environment times BFC instead.
+os.environ.setdefault("TF_CPU_ALLOCATOR_USE_BFC", "false")
 
 # The searches compared: (name, our signature, CTranslate2 beam size from the arguments).
 SEARCHES = ("beam", "greedy")
@@ -241,7 +245,9 @@ def main(argv=None):
             args.max_output_length, config.max_input_length, args.inter_threads)
         print(f"{len(sources)} test_2016 sentences, {args.threads} intra-op thread(s), "
               f"{args.inter_threads} inter-op, {args.callers} caller(s), batch "
-              f"{args.batch_size}, CTranslate2 {args.quantization or 'float32'}", flush=True)
+              f"{args.batch_size}, CTranslate2 {args.quantization or 'float32'}, TensorFlow "
+              f"CPU allocator TF_CPU_ALLOCATOR_USE_BFC="
+              f"{os.environ.get('TF_CPU_ALLOCATOR_USE_BFC')}", flush=True)
 
         # Conversion check on greedy output, the search both engines define identically.
         check = {}

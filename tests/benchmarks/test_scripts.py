@@ -134,10 +134,14 @@ def test_decode_vs_ctranslate2_side_by_side_with_concurrent_callers(tiny_run):
          "--inter-threads", "2", "--callers", "2", "--compare-keep-finished",
          "--compare-jit"],
         capture_output=True, text=True, timeout=600,
-        env={**os.environ, "PYTHONPATH": str(BENCHMARKS.parent)})
+        # Without a choice of allocator (this process's import of keras_transformer set one):
+        # the script times TensorFlow's default allocator, the one TF Serving runs.
+        env={**{k: v for k, v in os.environ.items() if k != "TF_CPU_ALLOCATOR_USE_BFC"},
+             "PYTHONPATH": str(BENCHMARKS.parent)})
     out = completed.stdout
     assert completed.returncode == 0, completed.stderr[-3000:]
     assert "1 intra-op thread(s), 2 inter-op, 2 caller(s)" in out, out
+    assert "CPU allocator TF_CPU_ALLOCATOR_USE_BFC=false" in out, out
     engines = re.findall(r"^\| (beam 2|greedy) \| ([^|]+) \| \d+\.\d \| \d+\.\d \| \d+ \| "
                          r"(\d+\.\d\d) \|$", out, re.M)
     assert len(engines) == 8, out
