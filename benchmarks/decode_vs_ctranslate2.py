@@ -193,6 +193,17 @@ def _bleu(hypotheses, references):
     return sacrebleu.corpus_bleu(hypotheses, [references]).score
 
 
+def _cpu_allocator():
+    """The allocator TensorFlow's CPU device really uses: only BFC keeps statistics."""
+    import tensorflow as tf
+
+    try:
+        tf.config.experimental.get_memory_info("CPU:0")
+    except ValueError:
+        return "system"
+    return "BFC"
+
+
 def _test_set(data_dir, limit):
     from keras_transformer.data import load_multi30k
 
@@ -246,8 +257,7 @@ def main(argv=None):
         print(f"{len(sources)} test_2016 sentences, {args.threads} intra-op thread(s), "
               f"{args.inter_threads} inter-op, {args.callers} caller(s), batch "
               f"{args.batch_size}, CTranslate2 {args.quantization or 'float32'}, TensorFlow "
-              f"CPU allocator TF_CPU_ALLOCATOR_USE_BFC="
-              f"{os.environ.get('TF_CPU_ALLOCATOR_USE_BFC')}", flush=True)
+              f"CPU allocator: {_cpu_allocator()}", flush=True)
 
         # Conversion check on greedy output, the search both engines define identically.
         check = {}

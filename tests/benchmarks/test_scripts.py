@@ -70,23 +70,38 @@ def test_choose_on_validation_compares_checkpoints_and_alphas(tiny_run, capsys):
 
 @pytest.mark.slow
 def test_choose_on_validation_averages_the_last_k_epochs_on_the_side(tiny_run, capsys):
-    # "averaged-K": the mean of the last K epoch checkpoints, written to a scratch file; the
-    # run's own averaged.keras (the fixture's last-2 average) is left as it was.
-    averaged = tiny_run / "checkpoints" / "averaged.keras"
-    before = averaged.read_bytes()
+    # "averaged-K": the final model with the mean of the last K epoch checkpoints; the run's
+    # own averaged.keras (the fixture's last-2 average) is left as it was.
+    import numpy as np
+
+    from keras_transformer.export.run import load_run
+
+    averaged_file = tiny_run / "checkpoints" / "averaged.keras"
+    before = averaged_file.read_bytes()
     script = _load("choose_on_validation")
-    script.main([str(tiny_run), "--checkpoints", "final,averaged,averaged-1,averaged-2",
-                 "--alphas", "0.6", "--beam-size", "2", "--batch-size", "4"])
+
+    def weights(checkpoint):
+        return script._load(str(tiny_run), checkpoint)[0].get_weights()
+
+    def same(a, b):
+        return all(np.array_equal(x, y) for x, y in zip(a, b, strict=True))
+
+    final, averaged = load_run(tiny_run, "final")[0].get_weights(), weights("averaged")
+    last_1, last_2 = weights("averaged-1"), weights("averaged-2")
+    assert same(last_1, final)  # the last epoch alone is the final model
+    assert same(last_2, averaged)  # what the fixture averaged
+    assert not same(last_1, last_2)
+    with pytest.raises(SystemExit, match="kept 2 epoch checkpoint"):
+        script._load(str(tiny_run), "averaged-3")
+    capsys.readouterr()
+    script.main([str(tiny_run), "--checkpoints", "averaged-2", "--alphas", "0.6",
+                 "--beam-size", "2", "--batch-size", "4"])
     out = capsys.readouterr().out
-    bleu = dict(re.findall(r"^\| (\S+) \| 2 \| 0\.6 \| (\d+\.\d\d) \|$", out, re.M))
-    assert set(bleu) == {"final", "averaged", "averaged-1", "averaged-2"}, out
-    # The last epoch alone is the final model; the last two are what the fixture averaged.
-    assert bleu["averaged-1"] == bleu["final"], out
-    assert bleu["averaged-2"] == bleu["averaged"], out
-    assert averaged.read_bytes() == before
-    best = max(bleu, key=lambda name: float(bleu[name]))
-    if best.startswith("averaged-"):
-        assert f"keras-transformer average --model {tiny_run} --last {best[9:]}" in out, out
+    assert re.search(r"^\| averaged-2 \| 2 \| 0\.6 \| \d+\.\d\d \|$", out, re.M), out
+    assert re.search(r"chosen on validation: --checkpoint averaged --alpha 0\.6 \(\d+\.\d\d\), "
+                     rf"after `keras-transformer average --model {re.escape(str(tiny_run))} "
+                     r"--last 2`", out), out
+    assert averaged_file.read_bytes() == before
 
 
 def test_finished_row_share():
@@ -141,7 +156,7 @@ def test_decode_vs_ctranslate2_side_by_side_with_concurrent_callers(tiny_run):
     out = completed.stdout
     assert completed.returncode == 0, completed.stderr[-3000:]
     assert "1 intra-op thread(s), 2 inter-op, 2 caller(s)" in out, out
-    assert "CPU allocator TF_CPU_ALLOCATOR_USE_BFC=false" in out, out
+    assert "TensorFlow CPU allocator: system" in out, out
     engines = re.findall(r"^\| (beam 2|greedy) \| ([^|]+) \| \d+\.\d \| \d+\.\d \| \d+ \| "
                          r"(\d+\.\d\d) \|$", out, re.M)
     assert len(engines) == 8, out
