@@ -92,16 +92,17 @@ def _load(run_dir, checkpoint):
     name, _, last = checkpoint.partition("-")
     if name != "averaged" or not last:
         return load_run(run_dir, checkpoint)
-    if not last.isdigit() or int(last) < 1:
+    count = int(last) if last.isdigit() else 0
+    if count < 1:
         raise SystemExit(f"averaged-K needs a positive integer K, got {checkpoint!r}.")
     from keras_transformer.training.averaging import average_checkpoints
     from keras_transformer.training.callbacks import epoch_checkpoints
 
     found = epoch_checkpoints(pathlib.Path(run_dir) / "checkpoints")
-    if len(found) < int(last):
+    if len(found) < count:
         raise SystemExit(f"{checkpoint}: the run kept {len(found)} epoch checkpoint(s) "
                          f"(train with --set keep_checkpoints=N for more).")
-    used = found[-int(last):]
+    used = found[-count:]
     print(f"{checkpoint}: {', '.join(pathlib.Path(p).name for p in used)}", flush=True)
     model, source_tokenizer, target_tokenizer, config = load_run(run_dir, "final")
     model.set_weights(average_checkpoints(used))
