@@ -12,6 +12,7 @@ alike. The figure is real (non-padding) source + target tokens per second of
 `train_on_batch`, after warm-up steps; the ratio is ours / keras-hub.
 
     .venv/bin/python benchmarks/train_vs_keras_hub.py                  # 3+3 layers, d 256
+    .venv/bin/python benchmarks/train_vs_keras_hub.py --jit-compile true   # both under XLA
     .venv/bin/python benchmarks/train_vs_keras_hub.py --steps 3 --warmup 1 --d-model 32 \
         --ff-dim 64 --layers 1 --vocab-size 100                        # a quick check
 
@@ -61,6 +62,11 @@ def parse_args(argv=None):
         "which compares the layers alone; own: ours trains with the loss our recipes use, "
         "MaskedSparseCategoricalCrossentropy(label_smoothing=0.1), keras-hub's keeps keras' "
         "(which has no label smoothing, so it does less work)")
+    parser.add_argument(
+        "--jit-compile", choices=("false", "true"), default="false",
+        help="model.compile(jit_compile=...) for both models: true compiles each training step "
+        "with XLA (the batches have one fixed shape, so it compiles once); false is what "
+        "Keras' 'auto' gives on a CPU-only machine")
     return parser.parse_args(argv)
 
 
@@ -154,7 +160,8 @@ def compile_model(model, args, own_loss=False):
         loss = MaskedSparseCategoricalCrossentropy(label_smoothing=0.1, pad_id=PAD_ID)
     else:
         loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True, ignore_class=PAD_ID)
-    model.compile(optimizer=keras.optimizers.Adam(args.learning_rate), loss=loss)
+    model.compile(optimizer=keras.optimizers.Adam(args.learning_rate), loss=loss,
+                  jit_compile=args.jit_compile == "true")
     return model
 
 
@@ -186,6 +193,7 @@ def run(args):
         name: {
             "parameters": models[name].count_params(),
             "tokens_per_second": tokens / seconds[name],
+            "jit_compile": models[name].jit_compile,
         }
         for name in models
     }
@@ -194,10 +202,12 @@ def run(args):
 def main(argv=None):
     args = parse_args(argv)
     results = run(args)
+    xla = ", ".join(f"{name} {row['jit_compile']}" for name, row in results.items())
     print(
         f"{args.layers}+{args.layers} layers, d_model {args.d_model}, {args.heads} heads, "
         f"ff {args.ff_dim}, vocab {args.vocab_size}, batches {args.batch_size}x{args.length}, "
-        f"{args.steps} timed steps after {args.warmup} warm-up steps, loss: {args.loss}"
+        f"{args.steps} timed steps after {args.warmup} warm-up steps, loss: {args.loss}, "
+        f"XLA: {xla}"
     )
     print("| model | parameters | real tokens/s (src+tgt) |")
     print("|---|---|---|")
