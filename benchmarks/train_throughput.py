@@ -62,7 +62,8 @@ def main():
     parser.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
                         help="override a TrainingConfig field of the preset (repeatable)")
     parser.add_argument("--jit-compile", choices=("auto", "true", "false"), default="auto",
-                        help="model.compile(jit_compile=...): Keras' 'auto' means XLA on TF")
+                        help="model.compile(jit_compile=...): Keras' 'auto' means no XLA on a "
+                        "CPU-only machine")
     parser.add_argument("--precision", help="internal: measure one precision in this process")
     args = parser.parse_args()
     if args.precision:
