@@ -9,6 +9,8 @@ def make_optimizer(
     d_model,
     warmup_steps,
     scale=1.0,
+    total_steps=None,
+    cooldown_steps=0,
     clipnorm=None,
     global_clipnorm=None,
     beta_1=0.9,
@@ -21,6 +23,10 @@ def make_optimizer(
         d_model: int, the model width (sets the schedule's scale `d_model**-0.5`).
         warmup_steps: int, steps of linear learning-rate warmup.
         scale: float, multiplier of the learning rate. Defaults to `1.0`.
+        total_steps: int or `None`, updates of the whole run (for the cooldown).
+            Defaults to `None`.
+        cooldown_steps: int, last updates over which the rate falls linearly to zero
+            (see `TransformerSchedule`); `0` = none. Defaults to `0`.
         clipnorm: float or `None`, clip each variable's gradient *separately* to this
             norm (Keras' `clipnorm`): the update's direction changes whenever one
             variable's gradient is clipped and another's is not. Defaults to `None`.
@@ -47,7 +53,10 @@ def make_optimizer(
         - [Vaswani et al., 2017](https://arxiv.org/abs/1706.03762), section 5.3.
     """
     return keras.optimizers.Adam(
-        learning_rate=TransformerSchedule(d_model, warmup_steps=warmup_steps, scale=scale),
+        learning_rate=TransformerSchedule(
+            d_model, warmup_steps=warmup_steps, scale=scale, total_steps=total_steps,
+            cooldown_steps=cooldown_steps,
+        ),
         beta_1=beta_1,
         beta_2=beta_2,
         epsilon=epsilon,

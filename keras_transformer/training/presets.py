@@ -105,6 +105,12 @@ class TrainingConfig:
         1.0, "Multiplier of the paper's rate d_model**-0.5 * min(step**-0.5, "
         "step * warmup**-1.5)."
     )
+    lr_cooldown: float = _field(
+        0.0, "Fraction of the run's updates at its end over which the learning rate falls "
+        "linearly to zero (a cooldown: TransformerSchedule); 0 = off. The run's length is "
+        "`epochs` times the batches per epoch, or with `time_budget_minutes` the epochs "
+        "the budget is predicted to hold after the first epoch."
+    )
     label_smoothing: float = _field(
         0.1, "Probability mass moved from the true token to the other classes."
     )
@@ -196,6 +202,8 @@ class TrainingConfig:
                 "`time_budget_minutes` must be > 0 or None. Received: "
                 f"{self.time_budget_minutes}"
             )
+        if not 0.0 <= self.lr_cooldown <= 1.0:
+            raise ValueError(f"`lr_cooldown` must be in [0, 1]. Received: {self.lr_cooldown}")
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"`dropout` must be in [0, 1). Received: {self.dropout}")
 

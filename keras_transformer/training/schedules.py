@@ -1,4 +1,5 @@
-"""The learning-rate schedule of Vaswani et al. (2017): linear warmup, then 1/sqrt(step)."""
+"""The learning-rate schedule of Vaswani et al. (2017): linear warmup, then 1/sqrt(step);
+optionally a linear cooldown to zero at the end of a run of known length."""
 
 import keras
 from keras import ops
@@ -18,11 +19,23 @@ class TransformerSchedule(keras.optimizers.schedules.LearningRateSchedule):
     and `step**-0.5` is undefined there), so this schedule uses `step = iterations + 1`:
     the first update uses `lrate(1)`, and `schedule(warmup_steps - 1)` is the peak.
 
+    Cooldown: with `total_steps` and `cooldown_steps`, the rate is further multiplied by
+    `min(1, (total_steps - iterations) / cooldown_steps)`, floored at 0: it falls linearly
+    over the last `cooldown_steps` updates, the last update (`iterations == total_steps -
+    1`) uses `1 / cooldown_steps` of the rate, and updates past `total_steps` use 0. This
+    is the "cooldown" that lets an inverse-square-root run end as well as a cosine one of
+    the same length (Zhai et al., 2022; Hägele et al., 2024), and it anneals the weights
+    the way averaging the last checkpoints does.
+
     Args:
         d_model: int, the model width; the rate scales with `d_model**-0.5`.
         warmup_steps: int, number of steps of linear warmup. Defaults to `4000`.
         scale: float, a constant multiplier of the whole rate (1.0 is the paper).
             Defaults to `1.0`.
+        total_steps: int or `None`, the number of updates of the whole run; needed
+            with `cooldown_steps`. Defaults to `None`.
+        cooldown_steps: int, updates at the end of the run over which the rate falls
+            linearly to zero; `0` (no cooldown) or at most `total_steps`. Defaults to `0`.
 
     Call arguments:
         step: int or tensor scalar, the optimizer's `iterations` (0-based).
@@ -35,35 +48,59 @@ class TransformerSchedule(keras.optimizers.schedules.LearningRateSchedule):
     >>> schedule = TransformerSchedule(d_model=512, warmup_steps=4000)
     >>> round(float(schedule(3999)), 7)  # the peak, at paper step 4000
     0.0006988
+    >>> cooled = TransformerSchedule(512, 4000, total_steps=10_000, cooldown_steps=2000)
+    >>> round(float(cooled(8999) / schedule(8999)), 4)  # half-way through the cooldown
+    0.5005
 
     References:
         - [Vaswani et al., 2017](https://arxiv.org/abs/1706.03762), section 5.3.
+        - [Zhai et al., 2022](https://arxiv.org/abs/2106.04560), "Scaling Vision
+          Transformers" (inverse square root with a linear cooldown).
+        - [Hägele et al., 2024](https://arxiv.org/abs/2405.18392), "Scaling Laws and
+          Compute-Optimal Training Beyond Fixed Training Durations".
     """
 
-    def __init__(self, d_model, warmup_steps=4000, scale=1.0):
+    def __init__(self, d_model, warmup_steps=4000, scale=1.0, total_steps=None,
+                 cooldown_steps=0):
         if d_model <= 0 or warmup_steps <= 0:
             raise ValueError(
                 "`d_model` and `warmup_steps` must be positive. Received: "
                 f"d_model={d_model}, warmup_steps={warmup_steps}"
             )
+        if cooldown_steps < 0 or (
+                cooldown_steps and (total_steps is None or cooldown_steps > total_steps)):
+            raise ValueError(
+                "`cooldown_steps` must be 0, or positive with `total_steps` >= it. Received: "
+                f"cooldown_steps={cooldown_steps}, total_steps={total_steps}"
+            )
         self.d_model = d_model
         self.warmup_steps = warmup_steps
         self.scale = scale
+        self.total_steps = total_steps
+        self.cooldown_steps = cooldown_steps
 
     def __call__(self, step):
         step = ops.cast(step, "float32") + 1.0  # paper steps count from 1
         warmup_steps = ops.cast(self.warmup_steps, "float32")
         decay = ops.rsqrt(step)
         warmup = step * warmup_steps**-1.5
-        return (
+        rate = (
             ops.cast(self.scale, "float32")
             * ops.cast(self.d_model, "float32") ** -0.5
             * ops.minimum(decay, warmup)
         )
+        if not self.cooldown_steps:
+            return rate
+        # `step - 1` is the 0-based iteration: the last update keeps 1/cooldown_steps.
+        remaining = ops.cast(self.total_steps, "float32") - (step - 1.0)
+        return rate * ops.clip(remaining / float(self.cooldown_steps), 0.0, 1.0)
 
     def get_config(self):
-        return {
+        config = {
             "d_model": self.d_model,
             "warmup_steps": self.warmup_steps,
             "scale": self.scale,
         }
+        if self.cooldown_steps:
+            config.update(total_steps=self.total_steps, cooldown_steps=self.cooldown_steps)
+        return config

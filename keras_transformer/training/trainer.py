@@ -120,12 +120,23 @@ def build_model(config, source_tokenizer, target_tokenizer):
     )
 
 
-def compile_model(model, config, jit_compile="auto"):
+def compile_model(model, config, jit_compile="auto", total_steps=None):
     """Compiles with the masked label-smoothed loss, masked accuracy and the warm-up Adam
-    (`jit_compile` as in `keras.Model.compile`)."""
+    (`jit_compile` as in `keras.Model.compile`). `total_steps`, the run's number of
+    updates, is needed when `config.lr_cooldown` is set."""
+    cooldown_steps = 0
+    if config.lr_cooldown:
+        if not total_steps:
+            raise ValueError(
+                "`lr_cooldown` needs the run's number of updates (`total_steps`). Received: "
+                f"total_steps={total_steps}"
+            )
+        cooldown_steps = max(1, round(config.lr_cooldown * total_steps))
     model.compile(
         optimizer=make_optimizer(
             config.d_model, config.warmup_steps, scale=config.lr_scale,
+            total_steps=total_steps if cooldown_steps else None,
+            cooldown_steps=cooldown_steps,
             clipnorm=config.clipnorm, global_clipnorm=config.global_clipnorm,
         ),
         loss=MaskedSparseCategoricalCrossentropy(label_smoothing=config.label_smoothing),
@@ -442,7 +453,8 @@ def train(
         print(f"Padding per batch: {report}", flush=True)
 
     with strategy.scope():
-        model = compile_model(build_model(config, source_tokenizer, target_tokenizer), config)
+        model = compile_model(build_model(config, source_tokenizer, target_tokenizer), config,
+                              total_steps=config.epochs * steps_per_epoch)
         build_from_spec(model, train_ds.element_spec)
         if continue_from is not None:
             model.optimizer.build(model.trainable_variables)

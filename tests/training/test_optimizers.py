@@ -45,3 +45,15 @@ def test_reference_recipe_clips_the_global_norm():
 def test_both_clippings_are_refused():
     with pytest.raises(ValueError, match="at most one of `clipnorm` and `global_clipnorm`"):
         get_preset("tiny").replace(clipnorm=1.0, global_clipnorm=1.0)
+
+
+def test_config_lr_cooldown_becomes_the_schedules_cooldown():
+    config = get_preset("tiny").replace(lr_cooldown=0.25)
+    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+    compile_model(model, config, total_steps=40)
+    schedule = model.optimizer._learning_rate
+    assert (schedule.total_steps, schedule.cooldown_steps) == (40, 10)
+    with pytest.raises(ValueError, match="total_steps"):
+        compile_model(model, config)
+    with pytest.raises(ValueError, match="lr_cooldown"):
+        get_preset("tiny").replace(lr_cooldown=1.5)

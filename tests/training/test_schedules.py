@@ -49,3 +49,30 @@ def test_make_optimizer_is_paper_adam_with_schedule():
     np.testing.assert_allclose(
         float(restored.learning_rate), _paper_rate(1, 64, 10, scale=0.5), rtol=1e-5
     )
+
+
+def test_cooldown_falls_linearly_to_zero_at_total_steps():
+    base = TransformerSchedule(d_model=64, warmup_steps=10)
+    cooled = TransformerSchedule(d_model=64, warmup_steps=10, total_steps=100, cooldown_steps=20)
+    for iterations in (0, 9, 50, 79):  # before the cooldown: the paper's rate
+        np.testing.assert_allclose(float(cooled(iterations)), float(base(iterations)), rtol=1e-6)
+    for iterations, factor in ((80, 1.0), (90, 0.5), (99, 1 / 20), (100, 0.0), (150, 0.0)):
+        np.testing.assert_allclose(
+            float(cooled(iterations)), factor * float(base(iterations)), rtol=1e-5, atol=1e-12
+        )
+    restored = TransformerSchedule.from_config(cooled.get_config())
+    assert (restored.total_steps, restored.cooldown_steps) == (100, 20)
+    np.testing.assert_allclose(float(restored(90)), float(cooled(90)))
+
+
+@pytest.mark.parametrize("total_steps, cooldown_steps", [(None, 5), (4, 5), (10, -1)])
+def test_cooldown_needs_a_run_length(total_steps, cooldown_steps):
+    with pytest.raises(ValueError, match="cooldown_steps"):
+        TransformerSchedule(64, 10, total_steps=total_steps, cooldown_steps=cooldown_steps)
+
+
+def test_make_optimizer_passes_the_cooldown():
+    optimizer = make_optimizer(d_model=64, warmup_steps=10, total_steps=50, cooldown_steps=10)
+    schedule = optimizer._learning_rate
+    assert (schedule.total_steps, schedule.cooldown_steps) == (50, 10)
+    assert float(schedule(49)) > 0.0 == float(schedule(50))
