@@ -330,6 +330,106 @@ class TimeBudget(keras.callbacks.Callback):
                   "min) would overrun it, so training stops here.", flush=True)
 
 
+def plan_cooldown(epoch_seconds, minutes, max_epochs, steps_per_epoch, fraction):
+    """The run length and cooldown of a budgeted run, after the epochs timed so far.
+
+    After every epoch the budget is predicted to hold the epochs so far plus as many
+    more as fit in what is left, each as long as the longest so far (the rule of
+    `time_budget_reached`, at most `max_epochs`); the cooldown is the last `fraction` of
+    that many epochs' updates. Updates before the cooldown do not depend on the run's
+    length, so the plan follows the prediction until its cooldown has begun, then stays.
+    If a new prediction would have begun the cooldown already, it begins now, shorter.
+
+    Args:
+        epoch_seconds: list of float, the wall time of every epoch trained so far.
+        minutes: float, the time budget.
+        max_epochs: int, the most epochs the run may train (`epochs`).
+        steps_per_epoch: int, updates per epoch.
+        fraction: float in (0, 1], the cooldown's share of the run's updates.
+
+    Returns:
+        `(epochs, total_steps, cooldown_steps)`: the epochs the run trains, its updates
+        and the updates of its cooldown.
+
+    Example:
+
+    >>> plan_cooldown([], 60, max_epochs=30, steps_per_epoch=100, fraction=0.25)
+    (30, 3000, 750)
+    >>> plan_cooldown([600.0], 60, max_epochs=30, steps_per_epoch=100, fraction=0.25)
+    (6, 600, 150)
+    >>> plan_cooldown([600.0] * 5 + [900.0], 60, 30, 100, 0.25)  # cooldown began at 4.5
+    (6, 600, 150)
+    """
+    def cooldown(epochs):
+        total = epochs * steps_per_epoch
+        return epochs, total, min(total, max(1, round(fraction * total)))
+
+    epochs, total, cool = cooldown(max_epochs)
+    for done in range(1, len(epoch_seconds) + 1):
+        if done * steps_per_epoch > total - cool:
+            break  # the cooldown has begun: the plan stays
+        seconds = epoch_seconds[:done]
+        more = int((60.0 * minutes - sum(seconds)) // max(seconds))
+        epochs, total, cool = cooldown(max(done, min(max_epochs, done + max(more, 0))))
+        if total - cool < done * steps_per_epoch:
+            cool = total - done * steps_per_epoch  # late: the cooldown begins now
+            if not cool:  # the budget holds no more epochs: nothing left to cool down
+                return epochs, total, total
+    return epochs, total, cool
+
+
+class BudgetCooldown(keras.callbacks.Callback):
+    """Ends a budgeted run's learning rate at zero: plans its cooldown as it trains.
+
+    A run trained for a time budget does not know its number of updates in advance, so
+    the end of a `TransformerSchedule` cooldown (`set_run_length`) is planned after every
+    epoch by `plan_cooldown` from the run's epoch times (every attempt's, so a resumed
+    run replans the same way), and training stops when the plan ends: past it the rate
+    would be zero. `TimeBudget` still stops the run first if later epochs are slower than
+    predicted (the cooldown is then cut short). Place it after the `RunHistory` it reads.
+
+    Args:
+        schedule: the optimizer's `TransformerSchedule`, made with a cooldown.
+        fraction: float in (0, 1], the cooldown's share of the run's updates.
+        minutes: float, the time budget.
+        run_history: the run's `RunHistory`.
+    """
+
+    def __init__(self, schedule, fraction, minutes, run_history):
+        super().__init__()
+        if not 0.0 < fraction <= 1.0:
+            raise ValueError(f"`fraction` must be in (0, 1]. Received: {fraction}")
+        self.schedule = schedule
+        self.fraction = float(fraction)
+        self.minutes = float(minutes)
+        self.run_history = run_history
+        self.planned_epochs = None
+
+    def _plan(self):
+        epochs, total, cool = plan_cooldown(
+            self.run_history.epoch_seconds, self.minutes, self.params["epochs"],
+            self.params["steps"], self.fraction,
+        )
+        if (epochs, total, cool) != (self.planned_epochs, self.schedule.total_steps,
+                                     self.schedule.cooldown_steps):
+            self.schedule.set_run_length(total, cool)
+            if self.planned_epochs is not None or self.run_history.epoch_seconds:
+                print(f"Learning-rate cooldown: the {self.minutes:g}-minute budget is "
+                      f"predicted to hold {epochs} epoch(s); the rate falls to zero over "
+                      f"the last {cool} of {total} updates.", flush=True)
+        self.planned_epochs = epochs
+
+    def on_train_begin(self, logs=None):
+        if not self.params.get("steps"):
+            raise ValueError("`BudgetCooldown` needs `fit` to know its steps per epoch.")
+        self._plan()
+
+    def on_epoch_end(self, epoch, logs=None):
+        self._plan()
+        if epoch + 1 >= self.planned_epochs:
+            self.model.stop_training = True
+
+
 class EpochCheckpoints(keras.callbacks.Callback):
     """Saves the model's weights after every epoch and keeps the last `keep` of them.
 
@@ -392,6 +492,7 @@ def make_callbacks(
     keep_checkpoints=0,
     run_history=None,
     time_budget_minutes=None,
+    lr_cooldown=None,
 ):
     """The standard callbacks of a run, in the order `fit` must see them.
 
@@ -405,7 +506,7 @@ def make_callbacks(
     - `TensorBoard` writing under `<output_dir>/logs` (when the `tensorboard` package is
       installed: TensorFlow 2.21 no longer depends on it);
     - `run_history` (a `RunHistory`), if given, then a `TimeBudget` reading it if
-      `time_budget_minutes` is set;
+      `time_budget_minutes` is set, and a `BudgetCooldown` if `lr_cooldown` is also set;
     - `BackupAndRestore` under `<output_dir>/backup`, last, so it backs up an epoch only
       after everything else has handled it. Rerunning the same `fit` call after the
       process was killed restores the weights, the optimizer state (step count, Adam
@@ -436,6 +537,9 @@ def make_callbacks(
         time_budget_minutes: float or `None`, stop training before an epoch that would
             end after this many minutes (see `TimeBudget`; needs `run_history`).
             Defaults to `None`.
+        lr_cooldown: `(schedule, fraction)` or `None`: with `time_budget_minutes`, plan
+            the cooldown of this `TransformerSchedule` (the last `fraction` of the run's
+            updates) as the budget allows (see `BudgetCooldown`). Defaults to `None`.
 
     Returns:
         A list of `keras.callbacks.Callback`.
@@ -494,6 +598,10 @@ def make_callbacks(
         if run_history is None:
             raise ValueError("`time_budget_minutes` needs a `run_history` to read.")
         callbacks.append(TimeBudget(time_budget_minutes, run_history))
+        if lr_cooldown is not None:
+            callbacks.append(BudgetCooldown(*lr_cooldown, time_budget_minutes, run_history))
+    elif lr_cooldown is not None:
+        raise ValueError("`lr_cooldown` is planned within a `time_budget_minutes`.")
     callbacks.append(
         keras.callbacks.BackupAndRestore(
             os.path.join(output_dir, "backup"), save_freq=backup_save_freq

@@ -67,17 +67,42 @@ class TransformerSchedule(keras.optimizers.schedules.LearningRateSchedule):
                 "`d_model` and `warmup_steps` must be positive. Received: "
                 f"d_model={d_model}, warmup_steps={warmup_steps}"
             )
-        if cooldown_steps < 0 or (
-                cooldown_steps and (total_steps is None or cooldown_steps > total_steps)):
-            raise ValueError(
-                "`cooldown_steps` must be 0, or positive with `total_steps` >= it. Received: "
-                f"cooldown_steps={cooldown_steps}, total_steps={total_steps}"
-            )
+        _check_run_length(total_steps, cooldown_steps)
         self.d_model = d_model
         self.warmup_steps = warmup_steps
         self.scale = scale
-        self.total_steps = total_steps
-        self.cooldown_steps = cooldown_steps
+        # In a variable, so that `set_run_length` can move the end of the run while a
+        # compiled train step (which reads it at every update) keeps running.
+        self._run_length = None
+        if cooldown_steps:
+            self._run_length = keras.Variable(
+                [float(total_steps), float(cooldown_steps)], dtype="float32",
+                trainable=False, name="schedule_run_length",
+            )
+
+    @property
+    def total_steps(self):
+        """int or `None`, the run's number of updates (with a cooldown)."""
+        return None if self._run_length is None else int(self._run_length.numpy()[0])
+
+    @property
+    def cooldown_steps(self):
+        """int, the updates of the cooldown (`0`: none)."""
+        return 0 if self._run_length is None else int(self._run_length.numpy()[1])
+
+    def set_run_length(self, total_steps, cooldown_steps):
+        """Moves the cooldown to end at `total_steps` (a schedule made with a cooldown).
+
+        For a run whose length is learned while it trains (a time budget): updates
+        before the cooldown do not depend on the run's length, so the end can move
+        until the cooldown begins.
+        """
+        if self._run_length is None:
+            raise ValueError("`set_run_length` needs a schedule made with `cooldown_steps`.")
+        _check_run_length(total_steps, cooldown_steps)
+        if not cooldown_steps:
+            raise ValueError(f"`cooldown_steps` must be positive. Received: {cooldown_steps}")
+        self._run_length.assign([float(total_steps), float(cooldown_steps)])
 
     def __call__(self, step):
         step = ops.cast(step, "float32") + 1.0  # paper steps count from 1
@@ -89,11 +114,11 @@ class TransformerSchedule(keras.optimizers.schedules.LearningRateSchedule):
             * ops.cast(self.d_model, "float32") ** -0.5
             * ops.minimum(decay, warmup)
         )
-        if not self.cooldown_steps:
+        if self._run_length is None:
             return rate
+        total_steps, cooldown_steps = self._run_length[0], self._run_length[1]
         # `step - 1` is the 0-based iteration: the last update keeps 1/cooldown_steps.
-        remaining = ops.cast(self.total_steps, "float32") - (step - 1.0)
-        return rate * ops.clip(remaining / float(self.cooldown_steps), 0.0, 1.0)
+        return rate * ops.clip((total_steps - (step - 1.0)) / cooldown_steps, 0.0, 1.0)
 
     def get_config(self):
         config = {
@@ -104,3 +129,12 @@ class TransformerSchedule(keras.optimizers.schedules.LearningRateSchedule):
         if self.cooldown_steps:
             config.update(total_steps=self.total_steps, cooldown_steps=self.cooldown_steps)
         return config
+
+
+def _check_run_length(total_steps, cooldown_steps):
+    if cooldown_steps < 0 or (
+            cooldown_steps and (total_steps is None or cooldown_steps > total_steps)):
+        raise ValueError(
+            "`cooldown_steps` must be 0, or positive with `total_steps` >= it. Received: "
+            f"cooldown_steps={cooldown_steps}, total_steps={total_steps}"
+        )

@@ -31,6 +31,7 @@ from keras_transformer.training.callbacks import (
     BleuCallback,
     RunHistory,
     make_callbacks,
+    plan_cooldown,
     read_run_history,
     time_budget_reached,
 )
@@ -439,6 +440,15 @@ def train(
         config, train_pairs, source_tokenizer, target_tokenizer, replicas, initial_epoch,
         data_report,
     )
+    budget_cooldown = bool(config.lr_cooldown and config.time_budget_minutes)
+    if continue_from is not None and budget_cooldown and plan_cooldown(
+            previous["epoch_seconds"], config.time_budget_minutes, config.epochs,
+            steps_per_epoch, config.lr_cooldown)[0] <= initial_epoch:
+        print(f"{output_dir} holds a run of {initial_epoch} epoch(s) whose learning rate "
+              f"cooled down to zero within its time budget of "
+              f"{config.time_budget_minutes:g} minutes; nothing to train (set a larger "
+              "time_budget_minutes to continue it).", flush=True)
+        return _load_finished_run(config, output_dir, continue_from, previous)
     train_ds = shard_by_data(train_ds)
     val_ds = shard_by_data(val_ds) if val_ds is not None else None
     if verbose == "auto":
@@ -492,6 +502,9 @@ def train(
         keep_checkpoints=config.keep_checkpoints,
         run_history=run_history,
         time_budget_minutes=config.time_budget_minutes,
+        # Keras keeps the schedule in `_learning_rate` (`learning_rate` is its value).
+        lr_cooldown=(model.optimizer._learning_rate, config.lr_cooldown)
+        if budget_cooldown else None,
     )
     model.fit(
         train_ds,

@@ -194,3 +194,58 @@ def test_time_budget_says_nothing_after_the_last_epoch(tmp_path, capsys):
     # The run ended at its last epoch: nothing was stopped, nothing left to announce.
     assert budget.stopped_epoch is None
     assert "Time budget" not in capsys.readouterr().out
+
+
+def test_plan_cooldown_follows_the_budget_until_the_cooldown_begins():
+    from keras_transformer.training.callbacks import plan_cooldown
+
+    def plan(seconds, minutes=1.0, max_epochs=10):
+        return plan_cooldown(seconds, minutes, max_epochs, steps_per_epoch=10, fraction=0.3)
+
+    assert plan([]) == (10, 100, 30)  # nothing timed yet: `epochs` bounds the run
+    assert plan([10.0]) == (6, 60, 18)  # 10 s + 5 x 10 s fit in 60 s
+    assert plan([10.0], minutes=100.0) == (10, 100, 30)  # at most `epochs`
+    assert plan([10.0, 20.0]) == (3, 30, 9)  # replanned by the longest epoch
+    # The cooldown of the 6-epoch plan began at update 42 (epoch 4.2): it stays, even
+    # when the epochs after it would predict another length.
+    assert plan([10.0, 10.0, 10.0, 10.0, 10.0, 30.0]) == (6, 60, 18)
+    assert plan([10.0, 10.0, 10.0, 10.0, 10.0]) == (6, 60, 18)
+    # A slower epoch found before the cooldown: the plan shrinks, and a cooldown that
+    # should have begun already begins now, shorter.
+    # (8 epochs planned, cooldown from update 56; after 55 s, 84 s hold one 25-s epoch.)
+    assert plan([10.0, 10.0, 10.0, 25.0], minutes=1.4) == (5, 50, 10)
+    # No epoch left: the run ends here, its whole length counted as cooldown.
+    assert plan([10.0, 10.0, 10.0, 25.0], minutes=1.0) == (4, 40, 40)
+
+
+def test_budget_cooldown_ends_the_rate_at_zero_and_stops_there(tmp_path):
+    from keras_transformer.training.callbacks import BudgetCooldown, RunHistory, TimeBudget
+    from keras_transformer.training.schedules import TransformerSchedule
+
+    class TenSecondEpochs(RunHistory):  # epoch times of a slower machine, not measured
+        def on_epoch_end(self, epoch, logs=None):
+            super().on_epoch_end(epoch, logs)
+            # Faster after the first two: the budget alone would allow a fourth epoch.
+            self.epoch_seconds[-1] = 10.0 if epoch < 2 else 2.0
+
+    schedule = TransformerSchedule(d_model=16, warmup_steps=2, total_steps=20 * 4,
+                                   cooldown_steps=20)
+    record = TenSecondEpochs(str(tmp_path / "history.json"))
+    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+    model.compile(optimizer=keras.optimizers.Adam(schedule), loss="mse")
+    rates = []
+    callbacks = [record, TimeBudget(0.6, record), BudgetCooldown(schedule, 0.5, 0.6, record),
+                 keras.callbacks.LambdaCallback(on_train_batch_begin=lambda batch, logs: rates
+                                                .append(float(model.optimizer.learning_rate)))]
+    # 4 batches per epoch, `epochs` allows 20; 0.6 minutes hold 3 ten-second epochs, the
+    # plan after epoch 1, whose cooldown begins in epoch 2 and then stays.
+    model.fit(np.ones((16, 2)), np.ones((16, 1)), batch_size=4, epochs=20, verbose=0,
+              callbacks=callbacks)
+    assert record.record()["epochs"] == 3
+    assert (schedule.total_steps, schedule.cooldown_steps) == (12, 6)
+    assert int(model.optimizer.iterations) == 12
+    # Full rate before the cooldown (epochs 1-1.5), then down to 1/6 of it at the last update.
+    full = [float(TransformerSchedule(16, 2)(i)) for i in range(12)]
+    np.testing.assert_allclose(rates[:4], full[:4], rtol=1e-5)
+    np.testing.assert_allclose(rates[-1], full[-1] / 6, rtol=1e-5)
+    assert float(schedule(12)) == 0.0

@@ -174,3 +174,34 @@ def test_run_directory_detection(tmp_path):
     assert not is_run_directory(tmp_path)  # a config alone is not a run
     (tmp_path / "history.json").write_text("{}")
     assert is_run_directory(tmp_path)
+
+
+@pytest.mark.slow
+def test_budgeted_cooldown_plans_the_schedule_and_a_cooled_run_is_finished(
+        tmp_path, multi30k_tfds_dir, capsys):
+    config = get_preset("tiny").replace(
+        epochs=3, steps_per_epoch=None, train_subset=160, bleu_sentences=0,
+        time_budget_minutes=1000.0, lr_cooldown=0.5,
+    )
+    run = train(config, tmp_path / "run", data_dir=multi30k_tfds_dir, strategy="default",
+                report_padding=False, verbose=0)
+    # 1000 minutes hold every epoch `epochs` allows: the rate reaches zero at its end.
+    optimizer = run.model.optimizer
+    total = int(optimizer.iterations)
+    assert total == 3 * 20  # 160 pairs, batches of 8
+    schedule = optimizer._learning_rate
+    assert (schedule.total_steps, schedule.cooldown_steps) == (total, total // 2)
+    assert float(schedule(total - 1)) > 0.0 == float(schedule(total))
+
+    # Had its epochs taken 30, 10 and 10 s, a budget of 1.5 minutes would have planned
+    # these 3 epochs after the first, and the cooldown had begun by the second. The budget
+    # alone would allow a fourth (50 + 30 s <= 90 s), but the rate is already zero.
+    history = json.loads((tmp_path / "run" / "history.json").read_text())
+    history["epoch_seconds"] = [30.0, 10.0, 10.0]
+    (tmp_path / "run" / "history.json").write_text(json.dumps(history))
+    capsys.readouterr()
+    train(config.replace(epochs=5, time_budget_minutes=1.5), tmp_path / "run",
+          data_dir=multi30k_tfds_dir, strategy="default", report_padding=False, verbose=0)
+    out = capsys.readouterr().out
+    assert "cooled down to zero" in out and "nothing to train" in out
+    assert read_run_history(tmp_path / "run" / "history.json")["epochs"] == 3

@@ -76,3 +76,21 @@ def test_make_optimizer_passes_the_cooldown():
     schedule = optimizer._learning_rate
     assert (schedule.total_steps, schedule.cooldown_steps) == (50, 10)
     assert float(schedule(49)) > 0.0 == float(schedule(50))
+
+
+def test_set_run_length_moves_the_cooldown_inside_a_compiled_function():
+    import tensorflow as tf
+
+    schedule = TransformerSchedule(d_model=64, warmup_steps=10, total_steps=100, cooldown_steps=20)
+    rate = tf.function(lambda step: schedule(step))  # traced once, as in a train step
+    base = float(TransformerSchedule(d_model=64, warmup_steps=10)(90))
+    np.testing.assert_allclose(float(rate(tf.constant(90))), 0.5 * base, rtol=1e-5)
+    schedule.set_run_length(200, 40)
+    np.testing.assert_allclose(float(rate(tf.constant(90))), base, rtol=1e-5)
+    np.testing.assert_allclose(float(rate(tf.constant(180))),
+                               0.5 * float(TransformerSchedule(64, 10)(180)), rtol=1e-5)
+    assert schedule.get_config()["total_steps"] == 200
+    with pytest.raises(ValueError, match="cooldown_steps"):
+        schedule.set_run_length(10, 40)
+    with pytest.raises(ValueError, match="set_run_length"):
+        TransformerSchedule(d_model=64, warmup_steps=10).set_run_length(100, 20)
