@@ -12,6 +12,8 @@ import keras
 import numpy as np
 import sacrebleu
 
+from keras_transformer.training.schedules import cooldown_steps
+
 logger = logging.getLogger(__name__)
 
 # Extensions `BleuCallback` knows how to save the best model to.
@@ -336,9 +338,11 @@ def plan_cooldown(epoch_seconds, minutes, max_epochs, steps_per_epoch, fraction)
     After every epoch the budget is predicted to hold the epochs so far plus as many
     more as fit in what is left, each as long as the longest so far (the rule of
     `time_budget_reached`, at most `max_epochs`); the cooldown is the last `fraction` of
-    that many epochs' updates. Updates before the cooldown do not depend on the run's
-    length, so the plan follows the prediction until its cooldown has begun, then stays.
-    If a new prediction would have begun the cooldown already, it begins now, shorter.
+    that many epochs' updates (`cooldown_steps`). Updates before the cooldown do not
+    depend on the run's length, so the plan follows the prediction until its cooldown
+    has begun (`epochs * (1 - fraction)` epochs done), then stays; it is always made
+    once after the first epoch. A cooldown the new plan would have begun already begins
+    now, shorter. The number of epochs planned does not depend on `steps_per_epoch`.
 
     Args:
         epoch_seconds: list of float, the wall time of every epoch trained so far.
@@ -349,7 +353,8 @@ def plan_cooldown(epoch_seconds, minutes, max_epochs, steps_per_epoch, fraction)
 
     Returns:
         `(epochs, total_steps, cooldown_steps)`: the epochs the run trains, its updates
-        and the updates of its cooldown.
+        and the updates of its cooldown; `cooldown_steps` is `0` when the budget ends the
+        run before any cooldown could begin.
 
     Example:
 
@@ -360,22 +365,17 @@ def plan_cooldown(epoch_seconds, minutes, max_epochs, steps_per_epoch, fraction)
     >>> plan_cooldown([600.0] * 5 + [900.0], 60, 30, 100, 0.25)  # cooldown began at 4.5
     (6, 600, 150)
     """
-    def cooldown(epochs):
-        total = epochs * steps_per_epoch
-        return epochs, total, min(total, max(1, round(fraction * total)))
-
-    epochs, total, cool = cooldown(max_epochs)
+    epochs, replanned_at = max_epochs, 0
     for done in range(1, len(epoch_seconds) + 1):
-        if done * steps_per_epoch > total - cool:
+        if done > 1 and done > epochs * (1.0 - fraction):
             break  # the cooldown has begun: the plan stays
         seconds = epoch_seconds[:done]
         more = int((60.0 * minutes - sum(seconds)) // max(seconds))
-        epochs, total, cool = cooldown(max(done, min(max_epochs, done + max(more, 0))))
-        if total - cool < done * steps_per_epoch:
-            cool = total - done * steps_per_epoch  # late: the cooldown begins now
-            if not cool:  # the budget holds no more epochs: nothing left to cool down
-                return epochs, total, total
-    return epochs, total, cool
+        epochs, replanned_at = max(done, min(max_epochs, done + max(more, 0))), done
+    total = epochs * steps_per_epoch
+    # Updates already made keep their rate: a late cooldown begins after them.
+    return epochs, total, min(cooldown_steps(fraction, total),
+                              total - replanned_at * steps_per_epoch)
 
 
 class BudgetCooldown(keras.callbacks.Callback):
@@ -389,7 +389,8 @@ class BudgetCooldown(keras.callbacks.Callback):
     predicted (the cooldown is then cut short). Place it after the `RunHistory` it reads.
 
     Args:
-        schedule: the optimizer's `TransformerSchedule`, made with a cooldown.
+        schedule: the optimizer's `TransformerSchedule`, made with a cooldown (see
+            `learning_rate_schedule`).
         fraction: float in (0, 1], the cooldown's share of the run's updates.
         minutes: float, the time budget.
         run_history: the run's `RunHistory`.
@@ -410,13 +411,16 @@ class BudgetCooldown(keras.callbacks.Callback):
             self.run_history.epoch_seconds, self.minutes, self.params["epochs"],
             self.params["steps"], self.fraction,
         )
-        if (epochs, total, cool) != (self.planned_epochs, self.schedule.total_steps,
-                                     self.schedule.cooldown_steps):
+        if not cool:  # the budget ends the run now: no update left to cool down
+            if self.planned_epochs != epochs:
+                print(f"Learning-rate cooldown: the {self.minutes:g}-minute budget ends the "
+                      f"run after epoch {epochs}, before its cooldown could begin.",
+                      flush=True)
+        elif (total, cool) != (self.schedule.total_steps, self.schedule.cooldown_steps):
             self.schedule.set_run_length(total, cool)
-            if self.planned_epochs is not None or self.run_history.epoch_seconds:
-                print(f"Learning-rate cooldown: the {self.minutes:g}-minute budget is "
-                      f"predicted to hold {epochs} epoch(s); the rate falls to zero over "
-                      f"the last {cool} of {total} updates.", flush=True)
+            print(f"Learning-rate cooldown: the {self.minutes:g}-minute budget is predicted "
+                  f"to hold {epochs} epoch(s); the rate falls to zero over the last {cool} "
+                  f"of {total} updates.", flush=True)
         self.planned_epochs = epochs
 
     def on_train_begin(self, logs=None):
@@ -492,7 +496,8 @@ def make_callbacks(
     keep_checkpoints=0,
     run_history=None,
     time_budget_minutes=None,
-    lr_cooldown=None,
+    cooldown_schedule=None,
+    cooldown_fraction=0.0,
 ):
     """The standard callbacks of a run, in the order `fit` must see them.
 
@@ -506,7 +511,7 @@ def make_callbacks(
     - `TensorBoard` writing under `<output_dir>/logs` (when the `tensorboard` package is
       installed: TensorFlow 2.21 no longer depends on it);
     - `run_history` (a `RunHistory`), if given, then a `TimeBudget` reading it if
-      `time_budget_minutes` is set, and a `BudgetCooldown` if `lr_cooldown` is also set;
+      `time_budget_minutes` is set, and a `BudgetCooldown` if `cooldown_fraction` is too;
     - `BackupAndRestore` under `<output_dir>/backup`, last, so it backs up an epoch only
       after everything else has handled it. Rerunning the same `fit` call after the
       process was killed restores the weights, the optimizer state (step count, Adam
@@ -537,9 +542,11 @@ def make_callbacks(
         time_budget_minutes: float or `None`, stop training before an epoch that would
             end after this many minutes (see `TimeBudget`; needs `run_history`).
             Defaults to `None`.
-        lr_cooldown: `(schedule, fraction)` or `None`: with `time_budget_minutes`, plan
-            the cooldown of this `TransformerSchedule` (the last `fraction` of the run's
-            updates) as the budget allows (see `BudgetCooldown`). Defaults to `None`.
+        cooldown_schedule: the run's `TransformerSchedule` (made with a cooldown) or
+            `None`; needed with `cooldown_fraction`. Defaults to `None`.
+        cooldown_fraction: float, with `time_budget_minutes`, plan the cooldown of
+            `cooldown_schedule` over this share of the updates the budget is predicted to
+            hold (see `BudgetCooldown`); `0` plans nothing. Defaults to `0.0`.
 
     Returns:
         A list of `keras.callbacks.Callback`.
@@ -598,10 +605,11 @@ def make_callbacks(
         if run_history is None:
             raise ValueError("`time_budget_minutes` needs a `run_history` to read.")
         callbacks.append(TimeBudget(time_budget_minutes, run_history))
-        if lr_cooldown is not None:
-            callbacks.append(BudgetCooldown(*lr_cooldown, time_budget_minutes, run_history))
-    elif lr_cooldown is not None:
-        raise ValueError("`lr_cooldown` is planned within a `time_budget_minutes`.")
+        if cooldown_fraction:
+            callbacks.append(BudgetCooldown(
+                cooldown_schedule, cooldown_fraction, time_budget_minutes, run_history))
+    elif cooldown_fraction:
+        raise ValueError("`cooldown_fraction` is planned within a `time_budget_minutes`.")
     callbacks.append(
         keras.callbacks.BackupAndRestore(
             os.path.join(output_dir, "backup"), save_freq=backup_save_freq

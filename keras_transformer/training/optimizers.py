@@ -63,3 +63,22 @@ def make_optimizer(
         clipnorm=clipnorm,
         global_clipnorm=global_clipnorm,
     )
+
+
+def learning_rate_schedule(optimizer):
+    """The `LearningRateSchedule` driving `optimizer`, or `None` for a constant rate.
+
+    `optimizer.learning_rate` is the rate's current value, not the schedule; under mixed
+    float16 `Model.compile` wraps the optimizer in a `LossScaleOptimizer`, whose own
+    rate is a placeholder, so the schedule is the inner optimizer's.
+
+    Example:
+
+    >>> learning_rate_schedule(make_optimizer(d_model=256, warmup_steps=1000)).warmup_steps
+    1000
+    """
+    optimizer = getattr(optimizer, "inner_optimizer", optimizer)
+    schedule = optimizer._learning_rate  # Keras keeps the schedule itself here
+    if isinstance(schedule, keras.optimizers.schedules.LearningRateSchedule):
+        return schedule
+    return None

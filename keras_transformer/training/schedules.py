@@ -131,6 +131,19 @@ class TransformerSchedule(keras.optimizers.schedules.LearningRateSchedule):
         return config
 
 
+def cooldown_steps(fraction, total_steps):
+    """The updates of a cooldown over `fraction` of `total_steps` (at least 1 if any).
+
+    Example:
+
+    >>> cooldown_steps(0.3, 2152)
+    646
+    """
+    if not fraction:
+        return 0
+    return min(total_steps, max(1, round(fraction * total_steps)))
+
+
 def _check_run_length(total_steps, cooldown_steps):
     if cooldown_steps < 0 or (
             cooldown_steps and (total_steps is None or cooldown_steps > total_steps)):

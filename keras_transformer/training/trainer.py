@@ -37,7 +37,8 @@ from keras_transformer.training.callbacks import (
 )
 from keras_transformer.training.losses import MaskedSparseCategoricalCrossentropy
 from keras_transformer.training.metrics import MaskedAccuracy
-from keras_transformer.training.optimizers import make_optimizer
+from keras_transformer.training.optimizers import learning_rate_schedule, make_optimizer
+from keras_transformer.training.schedules import cooldown_steps
 from keras_transformer.training.strategy import (
     is_chief,
     select_strategy,
@@ -125,19 +126,16 @@ def compile_model(model, config, jit_compile="auto", total_steps=None):
     """Compiles with the masked label-smoothed loss, masked accuracy and the warm-up Adam
     (`jit_compile` as in `keras.Model.compile`). `total_steps`, the run's number of
     updates, is needed when `config.lr_cooldown` is set."""
-    cooldown_steps = 0
-    if config.lr_cooldown:
-        if not total_steps:
-            raise ValueError(
-                "`lr_cooldown` needs the run's number of updates (`total_steps`). Received: "
-                f"total_steps={total_steps}"
-            )
-        cooldown_steps = max(1, round(config.lr_cooldown * total_steps))
+    if config.lr_cooldown and not total_steps:
+        raise ValueError(
+            "`lr_cooldown` needs the run's number of updates (`total_steps`). Received: "
+            f"total_steps={total_steps}"
+        )
+    cooldown = cooldown_steps(config.lr_cooldown, total_steps)
     model.compile(
         optimizer=make_optimizer(
             config.d_model, config.warmup_steps, scale=config.lr_scale,
-            total_steps=total_steps if cooldown_steps else None,
-            cooldown_steps=cooldown_steps,
+            total_steps=total_steps if cooldown else None, cooldown_steps=cooldown,
             clipnorm=config.clipnorm, global_clipnorm=config.global_clipnorm,
         ),
         loss=MaskedSparseCategoricalCrossentropy(label_smoothing=config.label_smoothing),
@@ -414,6 +412,15 @@ def train(
               f"of {config.time_budget_minutes:g} minutes stopped; nothing to train (set a "
               "larger time_budget_minutes to continue it).", flush=True)
         return _load_finished_run(config, output_dir, continue_from, previous)
+    if continue_from is not None and config.lr_cooldown and config.time_budget_minutes and (
+            plan_cooldown(previous["epoch_seconds"], config.time_budget_minutes, config.epochs,
+                          1, config.lr_cooldown)[0] <= initial_epoch):
+        # (The number of epochs planned does not depend on the batches per epoch.)
+        print(f"{output_dir} holds a run of {initial_epoch} epoch(s) whose learning rate "
+              "cooled down to zero as its time budget of "
+              f"{config.time_budget_minutes:g} minutes planned; nothing to train (set a "
+              "larger time_budget_minutes to continue it).", flush=True)
+        return _load_finished_run(config, output_dir, continue_from, previous)
 
     keras.utils.set_random_seed(config.seed)
     if config.precision:
@@ -440,15 +447,6 @@ def train(
         config, train_pairs, source_tokenizer, target_tokenizer, replicas, initial_epoch,
         data_report,
     )
-    budget_cooldown = bool(config.lr_cooldown and config.time_budget_minutes)
-    if continue_from is not None and budget_cooldown and plan_cooldown(
-            previous["epoch_seconds"], config.time_budget_minutes, config.epochs,
-            steps_per_epoch, config.lr_cooldown)[0] <= initial_epoch:
-        print(f"{output_dir} holds a run of {initial_epoch} epoch(s) whose learning rate "
-              f"cooled down to zero within its time budget of "
-              f"{config.time_budget_minutes:g} minutes; nothing to train (set a larger "
-              "time_budget_minutes to continue it).", flush=True)
-        return _load_finished_run(config, output_dir, continue_from, previous)
     train_ds = shard_by_data(train_ds)
     val_ds = shard_by_data(val_ds) if val_ds is not None else None
     if verbose == "auto":
@@ -502,9 +500,8 @@ def train(
         keep_checkpoints=config.keep_checkpoints,
         run_history=run_history,
         time_budget_minutes=config.time_budget_minutes,
-        # Keras keeps the schedule in `_learning_rate` (`learning_rate` is its value).
-        lr_cooldown=(model.optimizer._learning_rate, config.lr_cooldown)
-        if budget_cooldown else None,
+        cooldown_schedule=learning_rate_schedule(model.optimizer),
+        cooldown_fraction=config.lr_cooldown if config.time_budget_minutes else 0.0,
     )
     model.fit(
         train_ds,

@@ -214,28 +214,49 @@ def test_plan_cooldown_follows_the_budget_until_the_cooldown_begins():
     # should have begun already begins now, shorter.
     # (8 epochs planned, cooldown from update 56; after 55 s, 84 s hold one 25-s epoch.)
     assert plan([10.0, 10.0, 10.0, 25.0], minutes=1.4) == (5, 50, 10)
-    # No epoch left: the run ends here, its whole length counted as cooldown.
-    assert plan([10.0, 10.0, 10.0, 25.0], minutes=1.0) == (4, 40, 40)
+    # No epoch left: the run ends here, before any cooldown.
+    assert plan([10.0, 10.0, 10.0, 25.0], minutes=1.0) == (4, 40, 0)
+    # A cooldown of the whole run is placed once the first epoch is timed.
+    assert plan_cooldown([10.0, 10.0], 1.0, 30, steps_per_epoch=10, fraction=1.0) == (6, 60, 50)
+    # The epochs planned do not depend on the batches per epoch (the trainer relies on it).
+    for seconds in ([10.0], [10.0, 20.0], [10.0, 10.0, 10.0, 25.0], [10.0] * 5 + [30.0]):
+        assert len({plan_cooldown(seconds, 1.4, 10, steps, 0.3)[0]
+                    for steps in (1, 7, 10, 269)}) == 1
 
 
-def test_budget_cooldown_ends_the_rate_at_zero_and_stops_there(tmp_path):
-    from keras_transformer.training.callbacks import BudgetCooldown, RunHistory, TimeBudget
+class _FakeEpochTimes:
+    """A `RunHistory` whose epochs take the given seconds (a slower machine, not measured)."""
+
+    def __new__(cls, path, seconds, initial=None):
+        from keras_transformer.training.callbacks import RunHistory
+
+        class Timed(RunHistory):
+            def on_epoch_end(self, epoch, logs=None):
+                super().on_epoch_end(epoch, logs)
+                self.epoch_seconds[-1] = seconds[epoch]
+
+        return Timed(path, initial=initial)
+
+
+@pytest.mark.parametrize("mirrored", [False, True])
+def test_budget_cooldown_ends_the_rate_at_zero_and_stops_there(tmp_path, mirrored):
+    import tensorflow as tf
+
+    from keras_transformer.training.callbacks import BudgetCooldown, TimeBudget
     from keras_transformer.training.schedules import TransformerSchedule
 
-    class TenSecondEpochs(RunHistory):  # epoch times of a slower machine, not measured
-        def on_epoch_end(self, epoch, logs=None):
-            super().on_epoch_end(epoch, logs)
-            # Faster after the first two: the budget alone would allow a fourth epoch.
-            self.epoch_seconds[-1] = 10.0 if epoch < 2 else 2.0
-
-    schedule = TransformerSchedule(d_model=16, warmup_steps=2, total_steps=20 * 4,
-                                   cooldown_steps=20)
-    record = TenSecondEpochs(str(tmp_path / "history.json"))
-    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
-    model.compile(optimizer=keras.optimizers.Adam(schedule), loss="mse")
-    rates = []
+    # Faster after the first two epochs: the budget alone would allow a fourth.
+    record = _FakeEpochTimes(str(tmp_path / "history.json"), [10.0, 10.0] + [2.0] * 18)
+    strategy = tf.distribute.MirroredStrategy(["/cpu:0"]) if mirrored else (
+        tf.distribute.get_strategy())
+    with strategy.scope():
+        schedule = TransformerSchedule(d_model=16, warmup_steps=2, total_steps=20 * 4,
+                                       cooldown_steps=20)
+        model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+        model.compile(optimizer=keras.optimizers.Adam(schedule), loss="mse")
+    applied = []  # the rate of each update, read from the optimizer after the update
     callbacks = [record, TimeBudget(0.6, record), BudgetCooldown(schedule, 0.5, 0.6, record),
-                 keras.callbacks.LambdaCallback(on_train_batch_begin=lambda batch, logs: rates
+                 keras.callbacks.LambdaCallback(on_train_batch_begin=lambda batch, logs: applied
                                                 .append(float(model.optimizer.learning_rate)))]
     # 4 batches per epoch, `epochs` allows 20; 0.6 minutes hold 3 ten-second epochs, the
     # plan after epoch 1, whose cooldown begins in epoch 2 and then stays.
@@ -243,9 +264,59 @@ def test_budget_cooldown_ends_the_rate_at_zero_and_stops_there(tmp_path):
               callbacks=callbacks)
     assert record.record()["epochs"] == 3
     assert (schedule.total_steps, schedule.cooldown_steps) == (12, 6)
-    assert int(model.optimizer.iterations) == 12
-    # Full rate before the cooldown (epochs 1-1.5), then down to 1/6 of it at the last update.
+    assert int(model.optimizer.iterations.numpy()) == 12
     full = [float(TransformerSchedule(16, 2)(i)) for i in range(12)]
-    np.testing.assert_allclose(rates[:4], full[:4], rtol=1e-5)
-    np.testing.assert_allclose(rates[-1], full[-1] / 6, rtol=1e-5)
+    expected = [rate * min(1.0, (12 - i) / 6) for i, rate in enumerate(full)]
+    np.testing.assert_allclose(applied, expected, rtol=1e-5)
     assert float(schedule(12)) == 0.0
+
+
+def test_budget_cooldown_replans_a_resumed_run_from_its_history(tmp_path, capsys):
+    from keras_transformer.training.callbacks import BudgetCooldown
+    from keras_transformer.training.schedules import TransformerSchedule
+
+    schedule = TransformerSchedule(16, 2, total_steps=80, cooldown_steps=40)
+    # Two epochs of 10 s trained before a restart.
+    record = _FakeEpochTimes(str(tmp_path / "history.json"), [10.0, 10.0] + [2.0] * 18,
+                             initial={"epoch_seconds": [10.0, 10.0]})
+    cooldown = BudgetCooldown(schedule, 0.5, 0.6, record)
+    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+    model.compile(optimizer=keras.optimizers.Adam(schedule), loss="mse")
+    model.fit(np.ones((16, 2)), np.ones((16, 1)), batch_size=4, epochs=20, initial_epoch=2,
+              verbose=0, callbacks=[record, cooldown])
+    assert (schedule.total_steps, schedule.cooldown_steps) == (12, 6)  # as uninterrupted
+    assert record.record()["epochs"] == 3  # the third and last epoch only
+    assert "hold 3 epoch(s); the rate falls to zero over the last 6 of 12" in capsys.readouterr().out
+
+
+def test_budget_cooldown_says_so_when_the_budget_leaves_no_cooldown(tmp_path, capsys):
+    from keras_transformer.training.callbacks import BudgetCooldown
+    from keras_transformer.training.schedules import TransformerSchedule
+
+    schedule = TransformerSchedule(16, 2, total_steps=80, cooldown_steps=40)
+    record = _FakeEpochTimes(str(tmp_path / "history.json"), [50.0] * 20)
+    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+    model.compile(optimizer=keras.optimizers.Adam(schedule), loss="mse")
+    model.fit(np.ones((16, 2)), np.ones((16, 1)), batch_size=4, epochs=20, verbose=0,
+              callbacks=[record, BudgetCooldown(schedule, 0.5, 1.0, record)])
+    assert record.record()["epochs"] == 1
+    assert "ends the run after epoch 1, before its cooldown" in capsys.readouterr().out
+    assert (schedule.total_steps, schedule.cooldown_steps) == (80, 40)  # untouched
+
+
+def test_make_callbacks_plans_the_cooldown_only_within_a_budget(tmp_path):
+    from keras_transformer.training.callbacks import BudgetCooldown, RunHistory, TimeBudget
+    from keras_transformer.training.schedules import TransformerSchedule
+
+    schedule = TransformerSchedule(16, 2, total_steps=80, cooldown_steps=40)
+    record = RunHistory(str(tmp_path / "history.json"))
+    callbacks = make_callbacks(str(tmp_path), tensorboard=False, run_history=record,
+                               time_budget_minutes=5.0, cooldown_schedule=schedule,
+                               cooldown_fraction=0.3)
+    kinds = [type(c) for c in callbacks]
+    assert kinds.index(type(record)) < kinds.index(TimeBudget) < kinds.index(BudgetCooldown)
+    assert not any(isinstance(c, BudgetCooldown) for c in make_callbacks(
+        str(tmp_path), tensorboard=False, run_history=record, time_budget_minutes=5.0))
+    with pytest.raises(ValueError, match="time_budget_minutes"):
+        make_callbacks(str(tmp_path), tensorboard=False, run_history=record,
+                       cooldown_schedule=schedule, cooldown_fraction=0.3)

@@ -199,9 +199,11 @@ def test_budgeted_cooldown_plans_the_schedule_and_a_cooled_run_is_finished(
     history = json.loads((tmp_path / "run" / "history.json").read_text())
     history["epoch_seconds"] = [30.0, 10.0, 10.0]
     (tmp_path / "run" / "history.json").write_text(json.dumps(history))
+    config_file = (tmp_path / "run" / "config.json").read_text()
     capsys.readouterr()
     train(config.replace(epochs=5, time_budget_minutes=1.5), tmp_path / "run",
           data_dir=multi30k_tfds_dir, strategy="default", report_padding=False, verbose=0)
     out = capsys.readouterr().out
     assert "cooled down to zero" in out and "nothing to train" in out
     assert read_run_history(tmp_path / "run" / "history.json")["epochs"] == 3
+    assert (tmp_path / "run" / "config.json").read_text() == config_file  # nothing written
