@@ -57,3 +57,30 @@ def test_config_lr_cooldown_becomes_the_schedules_cooldown():
         compile_model(model, config)
     with pytest.raises(ValueError, match="lr_cooldown"):
         get_preset("tiny").replace(lr_cooldown=1.5)
+
+
+@pytest.mark.parametrize("policy", ["float32", "mixed_float16"])
+def test_learning_rate_schedule_finds_the_schedule_under_loss_scaling(policy):
+    from keras_transformer.training.optimizers import learning_rate_schedule
+    from keras_transformer.training.schedules import TransformerSchedule
+
+    config = get_preset("tiny").replace(lr_cooldown=0.5)
+    previous = keras.config.dtype_policy()
+    keras.config.set_dtype_policy(policy)
+    try:
+        model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+        compile_model(model, config, total_steps=10)
+    finally:
+        keras.config.set_dtype_policy(previous)
+    assert isinstance(model.optimizer, keras.optimizers.LossScaleOptimizer) == (
+        policy == "mixed_float16")
+    schedule = learning_rate_schedule(model.optimizer)
+    assert isinstance(schedule, TransformerSchedule)
+    assert (schedule.total_steps, schedule.cooldown_steps) == (10, 5)
+    assert learning_rate_schedule(keras.optimizers.SGD(0.1)) is None
+
+
+def test_reference_recipe_cools_down_within_its_budget_and_quick_does_not():
+    config = get_preset("multi30k")
+    assert config.lr_cooldown == 0.3 and config.time_budget_minutes == 55.0
+    assert get_preset("quick").lr_cooldown == 0.0  # `make run` figures: no cooldown
