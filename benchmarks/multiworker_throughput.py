@@ -65,7 +65,8 @@ def worker(args):
             ff_dim=config.ff_dim, num_layers=config.num_layers,
             num_decoder_layers=config.num_decoder_layers, dropout=config.dropout,
             max_length=max(config.max_length, args.length))
-        compile_model(model, config)
+        # Its two fits are the run a cooldown (`lr_cooldown`) would end.
+        compile_model(model, config, total_steps=args.warmup + args.steps)
         build_from_spec(model, dataset.element_spec)
     model.fit(dataset, epochs=1, steps_per_epoch=args.warmup, verbose=0)
     started = time.time()

@@ -45,7 +45,9 @@ def measure(preset, precision, steps, warmup, overrides=(), jit_compile="auto"):
         source, target = prepare_tokenizers(config, splits["train"], tmp)
         _, train_ds, _ = make_datasets(config, splits, source, target)
         jit = {"auto": "auto", "true": True, "false": False}[jit_compile]
-        model = compile_model(build_model(config, source, target), config, jit_compile=jit)
+        # The benchmark's own updates are the run a cooldown (`lr_cooldown`) would end.
+        model = compile_model(build_model(config, source, target), config, jit_compile=jit,
+                              total_steps=warmup + steps)
         rate = training_tokens_per_second(model, train_ds, steps=steps, warmup_steps=warmup)
     return {"preset": preset, "precision": precision or "float32", "tokens_per_second": rate,
             "parameters": model.count_params(), "steps": steps,

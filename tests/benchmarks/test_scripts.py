@@ -34,6 +34,14 @@ def test_train_vs_keras_hub_prints_a_ratio(loss, jit, capsys):
     assert re.search(r"\| keras_hub \| [\d,]+ \| [\d,]+ \|", out), out
 
 
+@pytest.mark.slow
+def test_train_throughput_measures_a_preset_with_a_cooldown():
+    # The `multi30k` preset has `lr_cooldown`, whose schedule needs the run's length.
+    script = _load("train_throughput")
+    result = script.measure("tiny", None, steps=2, warmup=1, overrides=("lr_cooldown=0.3",))
+    assert result["tokens_per_second"] > 0 and result["overrides"] == {"lr_cooldown": "0.3"}
+
+
 @pytest.fixture(scope="module")
 def tiny_run(tmp_path_factory):
     """A tiny trained run (2 epochs, 2 kept checkpoints, averaged) on toy fr-en pairs."""
