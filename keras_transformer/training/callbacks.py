@@ -281,7 +281,14 @@ def time_budget_reached(epoch_seconds, minutes):
     """
     if minutes is None or not epoch_seconds:
         return False
-    return sum(epoch_seconds) + max(epoch_seconds) > 60.0 * minutes
+    return _epochs_left(epoch_seconds, minutes) < 1
+
+
+def _epochs_left(epoch_seconds, minutes):
+    """How many more epochs, each as long as the longest so far, end within `minutes`
+    (negative when the budget is already overrun): the prediction of both
+    `time_budget_reached` and `plan_cooldown`."""
+    return int((60.0 * minutes - sum(epoch_seconds)) // max(epoch_seconds))
 
 
 class TimeBudget(keras.callbacks.Callback):
@@ -369,9 +376,8 @@ def plan_cooldown(epoch_seconds, minutes, max_epochs, steps_per_epoch, fraction)
     for done in range(1, len(epoch_seconds) + 1):
         if done > 1 and done > epochs * (1.0 - fraction):
             break  # the cooldown has begun: the plan stays
-        seconds = epoch_seconds[:done]
-        more = int((60.0 * minutes - sum(seconds)) // max(seconds))
-        epochs, replanned_at = max(done, min(max_epochs, done + max(more, 0))), done
+        more = max(_epochs_left(epoch_seconds[:done], minutes), 0)
+        epochs, replanned_at = max(done, min(max_epochs, done + more)), done
     total = epochs * steps_per_epoch
     # Updates already made keep their rate: a late cooldown begins after them.
     return epochs, total, min(cooldown_steps(fraction, total),
