@@ -206,6 +206,8 @@ def test_plan_cooldown_follows_the_budget_until_the_cooldown_begins():
     assert plan([10.0]) == (6, 60, 18)  # 10 s + 5 x 10 s fit in 60 s
     assert plan([10.0], minutes=100.0) == (10, 100, 30)  # at most `epochs`
     assert plan([10.0, 20.0]) == (3, 30, 9)  # replanned by the longest epoch
+    # ... after the first, which also traces the step: 30 s + 6 x 10 s fit in 90 s.
+    assert plan([20.0, 10.0], minutes=1.5) == (8, 80, 24)
     # The cooldown of the 6-epoch plan began at update 42 (epoch 4.2): it stays, even
     # when the epochs after it would predict another length.
     assert plan([10.0, 10.0, 10.0, 10.0, 10.0, 30.0]) == (6, 60, 18)

@@ -133,7 +133,15 @@ def test_time_budget_predicts_the_next_epoch_by_the_longest():
     assert not time_budget_reached([600.0] * 5, None)
     assert not time_budget_reached([20.0, 30.0], 1.35)  # 50 s + 30 s = 80 s <= 81 s
     assert time_budget_reached([20.0, 30.0], 1.3)  # 80 s > 78 s
-    assert time_budget_reached([30.0, 20.0], 1.3)  # the longest, not the last
+    assert time_budget_reached([10.0, 30.0, 20.0], 1.3)  # the longest, not the last
+    assert time_budget_reached([30.0], 0.9)  # one epoch timed: it predicts the next
+
+
+def test_time_budget_leaves_out_the_first_epoch_once_another_is_timed():
+    # The first epoch of an attempt also traces the training step: once a second epoch
+    # is timed, the prediction is the longest epoch after the first.
+    assert not time_budget_reached([30.0, 20.0], 1.2)  # 50 s + 20 s = 70 s <= 72 s
+    assert time_budget_reached([30.0, 20.0], 1.1)  # 70 s > 66 s
 
 
 def test_time_budget_is_validated_and_refused_with_several_workers(tmp_path):
