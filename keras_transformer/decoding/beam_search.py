@@ -164,17 +164,10 @@ def beam_search(
         else:
             logits, cache = next_logits(last_tokens, cache, step, sentences)
         logits = tf.cast(logits, tf.float32)  # (B*K, V)
-        vocab_size = tf.shape(logits)[-1]
-        batch_size = tf.shape(alive_log_probs)[0]
-        log_probs = utils.mask_tokens(tf.nn.log_softmax(logits, axis=-1), forbidden)
-        log_probs = tf.reshape(log_probs, [batch_size, beam_size, -1])  # (B, K, V)
-        candidate_log_probs = alive_log_probs[:, :, None] + log_probs  # (B, K, V)
-        flat_log_probs = tf.reshape(candidate_log_probs, [batch_size, -1])  # (B, K*V)
-        top_log_probs, top_indices = tf.math.top_k(
-            flat_log_probs, k=num_candidates
-        )  # (B, C), C = 2K (1 for beam 1)
-        source_beams = top_indices // vocab_size  # (B, C)
-        new_tokens = top_indices % vocab_size  # (B, C)
+        # The C best of alive log-prob + log_softmax(logits), over every beam and token
+        # (forbidden ones masked); C = 2K (1 for beam 1). Each (B, C).
+        top_log_probs, source_beams, new_tokens = utils.top_candidates(
+            logits, alive_log_probs, num_candidates, forbidden)
         new_seq = tf.gather(alive_seq, source_beams, batch_dims=1)  # (B, C, T)
         new_seq = utils.write_column(new_seq, step, new_tokens)  # (B, C, T)
         length = step + 1

@@ -101,6 +101,121 @@ def mask_tokens(scores, token_ids):
     return tf.where(mask, tf.constant(NEG_INF, scores.dtype), scores)
 
 
+# `top_candidates` scans the vocabulary in chunks of this many tokens (measured on the
+# reference model's 8,000 tokens; see benchmarks/RESULTS.md).
+CANDIDATE_CHUNK = 16
+
+
+class Candidates(collections.namedtuple("Candidates", ["log_probs", "beams", "tokens"])):
+    """The best extensions of a search step, best first, per example.
+
+    Fields:
+        log_probs: float32 `(B, C)`, the extended hypothesis' log-probability.
+        beams: int32 `(B, C)`, the beam it extends, in `[0, K)`.
+        tokens: int32 `(B, C)`, the token it adds, in `[0, V)`.
+    """
+
+    __slots__ = ()
+
+
+def top_candidates(logits, alive_log_probs, num_candidates, forbidden=()):
+    """The `num_candidates` best one-token extensions of each example's beams.
+
+    Equal to a top-k over every beam's every token, `alive_log_probs[b, k] +
+    log_softmax(logits)[b * K + k, v]` with the `forbidden` tokens' log-probabilities set
+    to `NEG_INF` (ties go to the lower `(beam, token)`), without building that
+    `(B, K * V)` array: a top-k over it costs more than the decoder's vocabulary
+    projection (benchmarks/RESULTS.md). The vocabulary is cut into chunks of
+    `CANDIDATE_CHUNK` tokens; an element among the `C` best lies in a chunk whose maximum
+    is among the `C + len(forbidden)` best chunk maxima (`C` of them would each hold an
+    allowed element at least as good), so the top-k runs over those chunks only. The
+    softmax's normalizer is still computed over the whole vocabulary, one pass.
+
+    Greedy search is the case `K = 1`, `C = 1`, `alive_log_probs = 0`.
+
+    Args:
+        logits: float32 `(B * K, V)`, the step's logits, the `K` beams of an example
+            adjacent.
+        alive_log_probs: float32 `(B, K)`, each beam's log-probability so far (`NEG_INF`
+            for a dead beam).
+        num_candidates: int, `C`, at most `K * V`.
+        forbidden: sequence of ints, tokens whose log-probability counts as `NEG_INF`.
+
+    Returns:
+        `Candidates`, every field `(B, C)`.
+
+    Example:
+
+    >>> logits = tf.math.log(tf.constant([[.1, .2, .7], [.5, .4, .1]]))
+    >>> best = top_candidates(logits, tf.constant([[0.0, -1.0]]), 2)
+    >>> best.beams.numpy().tolist(), best.tokens.numpy().tolist()
+    ([[0, 0]], [[2, 1]])
+    """
+    logits = tf.convert_to_tensor(logits, tf.float32)
+    alive_log_probs = tf.convert_to_tensor(alive_log_probs, tf.float32)
+    beam_size = alive_log_probs.shape[-1]
+    vocab_size = logits.shape[-1]
+    if beam_size is None:
+        raise ValueError("`top_candidates` needs a static beam size; got alive_log_probs "
+                         f"of shape {alive_log_probs.shape}.")
+    if vocab_size is None:  # no static vocabulary to cut into chunks: the plain top-k
+        return _full_top_candidates(logits, alive_log_probs, num_candidates, forbidden)
+    chunk = CANDIDATE_CHUNK
+    num_chunks = -(-vocab_size // chunk)  # M, per row
+    rows = tf.shape(logits)[0]
+    batch_size = tf.shape(alive_log_probs)[0]
+    # log_softmax(x) = (x - max) - log(sum(exp(x - max))), per row, over the whole vocabulary.
+    padded = logits
+    if num_chunks * chunk != vocab_size:  # padding no candidate can beat
+        padded = tf.pad(logits, [[0, 0], [0, num_chunks * chunk - vocab_size]],
+                        constant_values=-np.inf)
+    chunks = tf.reshape(padded, [rows, num_chunks, chunk])  # (N, M, S)
+    chunk_max = tf.reduce_max(chunks, axis=-1)  # (N, M)
+    row_max = tf.reduce_max(chunk_max, axis=-1)  # (N,)
+    log_sum = tf.math.log(tf.reduce_sum(tf.exp(logits - row_max[:, None]), axis=-1))  # (N,)
+    alive = tf.reshape(alive_log_probs, [-1])  # (N,)
+    # Chunks ranked by their best token's score; the best `C + len(forbidden)` kept, in
+    # index order, so that the last top-k breaks ties as a top-k over everything would.
+    chunk_scores = tf.reshape(
+        alive[:, None] + ((chunk_max - row_max[:, None]) - log_sum[:, None]),
+        [batch_size, beam_size * num_chunks])  # (B, K * M)
+    kept = min(num_candidates + len(forbidden), beam_size * num_chunks)
+    _, best_chunks = tf.math.top_k(chunk_scores, k=kept)
+    best_chunks = tf.sort(best_chunks, axis=-1)  # (B, kept)
+    beams = best_chunks // num_chunks  # (B, kept)
+    first_tokens = (best_chunks % num_chunks) * chunk  # (B, kept)
+    source_rows = tf.range(batch_size)[:, None] * beam_size + beams  # (B, kept)
+    values = tf.gather(tf.reshape(chunks, [-1, chunk]),
+                       source_rows * num_chunks + best_chunks % num_chunks)  # (B, kept, S)
+    tokens = first_tokens[:, :, None] + tf.range(chunk)  # (B, kept, S)
+    log_probs = (values - tf.gather(row_max, source_rows)[:, :, None]) - tf.gather(
+        log_sum, source_rows)[:, :, None]
+    if forbidden:
+        banned = tf.reduce_any(tf.equal(tokens[:, :, :, None], tf.constant(forbidden, tf.int32)),
+                               axis=-1)
+        # -inf stays -inf (padding), as `mask_tokens` would never have seen it.
+        log_probs = tf.where(banned & (values > -np.inf), NEG_INF, log_probs)
+    scores = tf.gather(alive, source_rows)[:, :, None] + log_probs  # (B, kept, S)
+    top_scores, positions = tf.math.top_k(tf.reshape(scores, [batch_size, kept * chunk]),
+                                          k=num_candidates)  # (B, C)
+    return Candidates(
+        log_probs=top_scores,
+        beams=tf.gather(beams, positions // chunk, batch_dims=1),
+        tokens=tf.gather(tf.reshape(tokens, [batch_size, -1]), positions, batch_dims=1),
+    )
+
+
+def _full_top_candidates(logits, alive_log_probs, num_candidates, forbidden):
+    """`top_candidates` by a top-k over the whole `(B, K * V)` array."""
+    batch_size, beam_size = tf.shape(alive_log_probs)[0], alive_log_probs.shape[-1]
+    vocab_size = tf.shape(logits)[-1]
+    log_probs = mask_tokens(tf.nn.log_softmax(logits, axis=-1), forbidden)
+    scores = alive_log_probs[:, :, None] + tf.reshape(log_probs, [batch_size, beam_size, -1])
+    top_scores, indices = tf.math.top_k(tf.reshape(scores, [batch_size, -1]), k=num_candidates)
+    return Candidates(log_probs=top_scores, beams=indices // vocab_size,
+                      tokens=indices % vocab_size)
+
+
 def length_penalty(length, alpha):
     """The GNMT length penalty `((5 + length) / 6) ** alpha` (Wu et al., 2016).
 
