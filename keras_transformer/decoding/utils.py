@@ -131,8 +131,8 @@ def top_candidates(logits, alive_log_probs, num_candidates, forbidden=()):
     allowed element at least as good), so the top-k runs over those chunks only. The
     softmax's normalizer is still computed over the whole vocabulary, one pass.
 
-    Greedy search is the case `K = 1`, `C = 1`, `alive_log_probs = 0`, though an argmax
-    is cheaper there (`greedy_search`).
+    Greedy search keeps its plain top-1 over the log-probabilities: this function, or an
+    argmax with one logsumexp, made its full steps no faster (benchmarks/RESULTS.md).
 
     Args:
         logits: float32 `(B * K, V)`, the step's logits, the `K` beams of an example
