@@ -184,11 +184,11 @@ def top_candidates(logits, alive_log_probs, num_candidates, forbidden=()):
     _, best_chunks = tf.math.top_k(chunk_scores, k=kept)
     best_chunks = tf.sort(best_chunks, axis=-1)  # (B, kept)
     beams = best_chunks // num_chunks  # (B, kept)
-    first_tokens = (best_chunks % num_chunks) * chunk  # (B, kept)
+    row_chunks = best_chunks % num_chunks  # (B, kept), the chunk's place in its row
     source_rows = tf.range(batch_size)[:, None] * beam_size + beams  # (B, kept)
     values = tf.gather(tf.reshape(chunks, [-1, chunk]),
-                       source_rows * num_chunks + best_chunks % num_chunks)  # (B, kept, S)
-    tokens = first_tokens[:, :, None] + tf.range(chunk)  # (B, kept, S)
+                       source_rows * num_chunks + row_chunks)  # (B, kept, S)
+    tokens = row_chunks[:, :, None] * chunk + tf.range(chunk)  # (B, kept, S)
     log_probs = (values - tf.gather(row_max, source_rows)[:, :, None]) - tf.gather(
         log_sum, source_rows)[:, :, None]
     if forbidden:

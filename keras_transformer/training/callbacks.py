@@ -364,10 +364,10 @@ def plan_cooldown(epoch_seconds, minutes, max_epochs, steps_per_epoch, fraction)
     After every epoch the budget is predicted to hold the epochs so far plus as many
     more as fit in what is left, each as long as the longest so far after the first (the
     rule of `time_budget_reached`, at most `max_epochs`); the cooldown is the last
-    `fraction` of that many epochs' updates (`cooldown_steps`). Updates before the cooldown do not
-    depend on the run's length, so the plan follows the prediction until its cooldown
-    has begun (`epochs * (1 - fraction)` epochs done), then stays; it is always made
-    once after the first epoch. A cooldown the new plan would have begun already begins
+    `fraction` of that many epochs' updates (`cooldown_steps`). Updates before the
+    cooldown do not depend on the run's length, so the plan follows the prediction until its
+    cooldown has begun (`epochs * (1 - fraction)` epochs done), then stays; it is always
+    made once after the first epoch. A cooldown the new plan would have begun already begins
     now, shorter. The number of epochs planned does not depend on `steps_per_epoch`.
 
     Args:

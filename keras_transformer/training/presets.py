@@ -131,8 +131,9 @@ class TrainingConfig:
     time_budget_minutes: float | None = _field(
         None, "Stop before an epoch that would end after this many minutes of training "
         "(over every attempt of the run, validation included; the longest epoch so far, "
-        "the first left out once another is timed, predicts the next): `epochs` becomes an upper bound. A run stopped by its budget "
-        "is finished. None: no budget. Not with several workers."
+        "the first left out once another is timed, predicts the next): `epochs` becomes an "
+        "upper bound. A run stopped by its budget is finished. None: no budget. Not with "
+        "several workers."
     )
 
     keep_checkpoints: int = _field(
