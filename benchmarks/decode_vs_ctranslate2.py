@@ -25,6 +25,11 @@ TensorFlow's inter-op pool and CTranslate2's `inter_threads` (batches run in par
 sentences stay in the batch, as before that option existed) and times it at batch
 `--batch-size` in the same run (at batch 1 the two exports run the same steps).
 
+`--compare-growing-cache` also exports the same weights with `in_place_cache="none"` (beam
+search's keys/values grown by concatenation, as before the time-major in-place cache; `export
+--growing-cache`) and `--in-place-greedy` exports greedy search with the in-place cache too
+(`in_place_cache="all"`); each is timed beside the others, batch 1 included.
+
 `--compare-jit` also exports the same weights with `jit_compile=True` (`export --jit`: XLA
 compiles the encoder and the search loop for batches of at most `jit_max_rows` decoder rows,
 finished sentences staying in the batch and the decoder cache of a fixed size; larger batches
@@ -77,6 +82,12 @@ def _parse_args(argv):
     parser.add_argument("--data-dir", help="raw Multi30K directory (see `keras-transformer`)")
     parser.add_argument("--compare-keep-finished", action="store_true",
                         help="also time an export that keeps finished sentences in the batch")
+    parser.add_argument("--in-place-greedy", action="store_true",
+                        help="our export's greedy search writes its cache in place too "
+                             "(`in_place_cache='all'`; default: beam search only)")
+    parser.add_argument("--compare-growing-cache", action="store_true",
+                        help="also time an export whose decoder cache grows by concatenation "
+                             "(`export --growing-cache`)")
     parser.add_argument("--compare-jit", action="store_true",
                         help="also time the XLA-compiled export (`export --jit`), warmed up "
                              "on every batch shape first")
@@ -194,14 +205,25 @@ def _bleu(hypotheses, references):
 
 
 def _cpu_allocator():
-    """The allocator TensorFlow's CPU device really uses: only BFC keeps statistics."""
+    """The allocator TensorFlow's CPU device really uses, and why.
+
+    Only a BFC allocator keeps statistics. `TF_CPU_ALLOCATOR_USE_BFC=false` selects
+    TensorFlow's system allocator, except where oneDNN is on by default (CPUs with
+    AVX-512 VNNI or BF16): its own BFC allocator then serves the CPU device whatever that
+    variable says, as it would in a model server built with oneDNN.
+    """
     import tensorflow as tf
+    from tensorflow.python.util import _pywrap_util_port
 
     try:
         tf.config.experimental.get_memory_info("CPU:0")
     except ValueError:
-        return "system"
-    return "BFC"
+        allocator = "system"
+    else:
+        allocator = "BFC"
+    onednn = "on" if _pywrap_util_port.IsMklEnabled() else "off"
+    variable = os.environ.get("TF_CPU_ALLOCATOR_USE_BFC", "unset")
+    return f"{allocator} (TF_CPU_ALLOCATOR_USE_BFC={variable}, oneDNN {onednn})"
 
 
 def _test_set(data_dir, limit):
@@ -230,7 +252,8 @@ def main(argv=None):
         raise SystemExit("The benchmark handles shared vocabularies only.")
     sources, references = _test_set(args.data_dir, args.limit)
     config = DecodingConfig(search="beam", beam_size=args.beam_size, alpha=args.alpha,
-                            max_output_length=args.max_output_length)
+                            max_output_length=args.max_output_length,
+                            in_place_cache="all" if args.in_place_greedy else "beam")
     with tempfile.TemporaryDirectory() as tmp:
         export_dir = export_translator(
             Translator(model, source_tokenizer, target_tokenizer, config),
@@ -244,6 +267,12 @@ def main(argv=None):
                 Translator(model, source_tokenizer, target_tokenizer,
                            dataclasses.replace(config, drop_finished=False)),
                 os.path.join(tmp, "export_kept")), name="SavedModel, finished kept")
+        grown = None
+        if args.compare_growing_cache:
+            grown = OurEngine(export_translator(
+                Translator(model, source_tokenizer, target_tokenizer,
+                           dataclasses.replace(config, in_place_cache="none")),
+                os.path.join(tmp, "export_grown")), name="SavedModel, growing cache")
         jit = None
         if args.compare_jit:
             jit = OurEngine(export_translator(
@@ -283,7 +312,7 @@ def main(argv=None):
         latency_sources = sources[: args.latency_sentences]
         for search in SEARCHES:
             figures = {}
-            for engine in [e for e in (ours, kept, jit, theirs) if e is not None]:
+            for engine in [e for e in (ours, grown, kept, jit, theirs) if e is not None]:
                 rate, hypotheses = _throughput(engine, search, sources, args.batch_size,
                                                args.callers)
                 if engine is kept:  # batch 1: the same steps as `ours`
@@ -312,6 +341,10 @@ def main(argv=None):
         (ct2_rate, _, ct2_one, ct2_median) = figures[theirs.name]
         print(f"| {label[search]} | {ours_rate / ct2_rate:.2f}x | {ours_one / ct2_one:.2f}x | "
               f"{ours_median / ct2_median:.2f}x |")
+        if grown is not None:
+            (grown_rate, _, grown_one, grown_median) = figures[grown.name]
+            print(f"| {label[search]}, growing cache | {grown_rate / ct2_rate:.2f}x | "
+                  f"{grown_one / ct2_one:.2f}x | {grown_median / ct2_median:.2f}x |")
         if kept is not None:
             print(f"| {label[search]}, finished kept | "
                   f"{figures[kept.name][0] / ct2_rate:.2f}x | | |")

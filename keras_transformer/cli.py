@@ -260,6 +260,7 @@ def cmd_export(args):
             jit_compile=args.jit,
             jit_max_rows=args.jit_max_rows or None,
             drop_finished=not args.keep_finished,
+            in_place_cache="none" if args.growing_cache else "beam",
         )
     except ValueError as error:
         raise SystemExit(f"keras-transformer export: {error}") from None
@@ -539,6 +540,10 @@ def build_parser():
                         help="greedy and beam search keep decoding finished sentences (fed "
                         "padding) instead of dropping them from the batch; same results, "
                         "slower: for comparisons")
+    export.add_argument("--growing-cache", action="store_true",
+                        help="beam search grows the decoder's key/value cache by "
+                        "concatenation (as greedy search does) instead of writing time-major "
+                        "buffers in place; same results: for comparisons")
     export.set_defaults(func=cmd_export)
 
     translate = sub.add_parser(

@@ -359,7 +359,8 @@ class TransformerParts:
 
         return next_logits, cache
 
-    def search_step(self, memory, memory_mask, max_length, fixed_length=False):
+    def search_step(self, memory, memory_mask, max_length, fixed_length=False,
+                    cache_layout=None):
         """`step_function` with the memory as the step's fourth argument.
 
         For the searches' `sentence_cache` (with `drop_finished`, finished sentences leave
@@ -367,6 +368,11 @@ class TransformerParts:
 
         Args:
             memory, memory_mask, max_length, fixed_length: as in `step_function`.
+            cache_layout: `None` (the growing or fixed cache) or a
+                `decoding.InPlaceCache`: the self-attention keys/values in its time-major
+                buffers written in place (`max_length` positions, one buffer per block
+                for keys and one for values); the cache is then that layout's, and the
+                search must get the same object as `cache_rows`. Defaults to `None`.
 
         Returns:
             `(next_logits(tokens (N, 1), cache, index, memory_state) -> (logits (N, V),
@@ -377,6 +383,21 @@ class TransformerParts:
         weights = self._step_weights()
         table = self._position_table(max_length)  # (T_max, d_model)
         fixed = max_length if fixed_length else None
+
+        if cache_layout is not None:
+            if fixed_length:
+                raise ValueError("`cache_layout` and `fixed_length=True` exclude each other.")
+            shapes = [(block._self_attention.num_heads, block._self_attention._head_dim)
+                      for block in self.decoder.blocks for _ in ("keys", "values")]
+            cache = cache_layout.initial(ops.shape(memory)[0], max_length, shapes,
+                                         memory.dtype)
+
+            def in_place_logits(tokens, cache, index, memory_state):
+                positions = ops.take(table, ops.reshape(index, (1,)), axis=0)  # (1, d_model)
+                return self._step(tokens, cache, memory_state, index, weights, positions,
+                                  layout=cache_layout)
+
+            return in_place_logits, cache, memory_state
 
         def next_logits(tokens, cache, index, memory_state):
             positions = ops.take(table, ops.reshape(index, (1,)), axis=0)  # (1, d_model)
@@ -420,8 +441,13 @@ class TransformerParts:
             return ops.take(embedding.position_embeddings, ops.reshape(index, (1,)), axis=0)
         return sinusoidal_encoding(1, embedding.d_model, index, dtype=embedding.compute_dtype)
 
-    def _step(self, tokens, self_cache, memory_state, index, weights, positions, fixed=None):
-        """The decoder on one position: `(logits (N, V), new self-attention cache)`."""
+    def _step(self, tokens, self_cache, memory_state, index, weights, positions, fixed=None,
+              layout=None):
+        """The decoder on one position: `(logits (N, V), new self-attention cache)`.
+
+        `self_cache`: per block `(keys, values)`, growing or of `fixed` positions; with a
+        `layout` (`decoding.InPlaceCache`), that layout's cache.
+        """
         embedding = self.target_embedding
         table = ops.convert_to_tensor(embedding.embeddings)
         # The table is a float32 variable: compute in the policy's dtype, as the layers do.
@@ -436,18 +462,27 @@ class TransformerParts:
             0.0, masking.large_negative("float32"))
         new_cache = []
         block_weights_list, (projection_kernel, projection_bias) = weights
+        if layout is None:
+            block_caches, store = self_cache, None
+        else:
+            buffers = self_cache["buffers"]
+            block_caches = tuple(zip(buffers[::2], buffers[1::2]))
+            store = (layout, layout.plan(self_cache, index, ops.shape(x)[0]))
         for block, block_weights, block_cache, cross in zip(
-            self.decoder.blocks, block_weights_list, self_cache, memory_state["cross"]
+            self.decoder.blocks, block_weights_list, block_caches, memory_state["cross"]
         ):
             x, block_cache = _decoder_block_step(
                 block, block_weights, x, block_cache, cross, memory_state["bias"], index,
-                self_bias
+                self_bias, store
             )
             new_cache.append(block_cache)
         if self.decoder._final_norm is not None:
             x = self.decoder._final_norm(x)
-        logits = _linear(x, projection_kernel, projection_bias)  # (N, V)
-        return ops.cast(logits, "float32"), tuple(new_cache)
+        logits = ops.cast(_linear(x, projection_kernel, projection_bias), "float32")  # (N, V)
+        if layout is None:
+            return logits, tuple(new_cache)
+        buffers = tuple(buffer for keys_values in new_cache for buffer in keys_values)
+        return logits, layout.finish(store[1], self_cache, buffers)
 
     def full_logits(self, decoder_tokens, memory, memory_mask):
         """Uncached reference: logits `(B, T, V)` for a whole prefix, recomputed from scratch."""
@@ -531,15 +566,28 @@ def _single_query_attention(queries, keys, values, bias=None):
     return ops.sum(weights[..., None] * values, axis=-2, keepdims=True)  # (N, H, 1, d_k)
 
 
+def _time_major_attention(queries, keys, values):
+    """`_single_query_attention` over time-major keys/values: `(N, H, d_k)` queries (already
+    scaled) over `(t, N, H, d_k)`; returns `(N, H, d_k)`."""
+    logits = ops.sum(ops.cast(queries, "float32")[None] * ops.cast(keys, "float32"),
+                     axis=-1)  # (t, N, H)
+    logits = logits - ops.max(logits, axis=0, keepdims=True)
+    exp = ops.exp(logits)
+    weights = ops.cast(exp / ops.sum(exp, axis=0, keepdims=True), values.dtype)  # (t, N, H)
+    return ops.sum(weights[..., None] * values, axis=0)  # (N, H, d_k)
+
+
 def _decoder_block_step(block, weights, x, self_cache, cross, memory_bias, index,
-                        self_bias=None):
+                        self_bias=None, store=None):
     """One `DecoderBlock` on `(N, d)` rows.
 
     The self-attention cache grows by concatenation, or with `self_bias` (the mask of the
-    written positions of a fixed-size cache) is written in place at `index`.
+    written positions of a fixed-size cache) is written in place at `index`, or with
+    `store` (`(InPlaceCache, its plan for this step)`) is a pair of time-major buffers
+    written in place by that layout.
 
     Returns:
-        `(x (N, d), (keys, values))`, `(N, H, t + 1, d_k)` or the fixed size.
+        `(x (N, d), (keys, values))`, `(N, H, t + 1, d_k)`, the fixed size or the buffers.
     """
     kernel, bias, query_kernel, query_bias = weights
     self_attention, cross_attention = block._self_attention, block._cross_attention
@@ -547,6 +595,19 @@ def _decoder_block_step(block, weights, x, self_cache, cross, memory_bias, index
     rows = ops.shape(x)[0]
 
     def self_attend(h):
+        dense = self_attention._output_dense
+        if store is not None:
+            layout, plan = store
+            qkv = ops.reshape(_linear(h, kernel, bias), (rows, 3, num_heads, -1))
+            queries, new_keys, new_values = ops.unstack(qkv, axis=1)  # (N, H, d_k) each
+            keys = layout.append(plan, self_cache[0], new_keys)  # (T_max, R, H, d_k)
+            values = layout.append(plan, self_cache[1], new_values)
+            outputs = _time_major_attention(
+                queries, layout.read(plan, keys), layout.read(plan, values)
+            )  # (N, H, d_k)
+            outputs = ops.reshape(outputs, (rows, -1))
+            return _linear(outputs, dense.kernel, dense.bias if dense.use_bias else None), (
+                keys, values)
         qkv = ops.reshape(_linear(h, kernel, bias), (rows, 3, num_heads, 1, -1))
         queries, new_keys, new_values = ops.unstack(qkv, axis=1)  # (N, H, 1, d_k) each
         if self_bias is None:
@@ -559,7 +620,6 @@ def _decoder_block_step(block, weights, x, self_cache, cross, memory_bias, index
             values = ops.slice_update(self_cache[1], start, new_values)
         outputs = _single_query_attention(queries, keys, values, self_bias)  # (N, H, 1, d_k)
         outputs = ops.reshape(outputs, (rows, -1))
-        dense = self_attention._output_dense
         return _linear(outputs, dense.kernel, dense.bias if dense.use_bias else None), (
             keys, values)
 

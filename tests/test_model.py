@@ -245,6 +245,38 @@ def test_step_function_with_beams_attends_the_untiled_memory_like_the_tiled_cach
         tokens = np.array(step_tokens, "int32")
 
 
+@NORMS
+@pytest.mark.parametrize("search", ["greedy", "beam"])
+def test_in_place_cache_search_equals_the_growing_cache(norm_first, search):
+    """`search_step(cache_layout=InPlaceCache(...))` gives the searches of the growing
+    cache token for token, finished sentences dropped or not."""
+    import tensorflow as tf
+
+    from keras_transformer import decoding
+
+    model = build_transformer(**TINY, norm_first=norm_first)
+    parts = TransformerParts(model)
+    rng = np.random.default_rng(1)
+    source = rng.integers(3, TINY["vocab_size"], size=(5, 7)).astype("int32")
+    source[np.arange(7)[None, :] >= np.array([7, 5, 3, 6, 2])[:, None]] = 0
+    memory, memory_mask = parts.encode(source)
+    bounds = tf.constant([3, 12, 7, 12, 5])
+    for drop_finished in (False, True):
+        results = []
+        for layout in (None, decoding.InPlaceCache(ancestry=search == "beam")):
+            step, cache, memory_state = parts.search_step(memory, memory_mask, 12,
+                                                          cache_layout=layout)
+            options = dict(sentence_cache=memory_state, cache_rows=layout, max_lengths=bounds,
+                           drop_finished=drop_finished)
+            if search == "greedy":
+                results.append(decoding.greedy_search(step, cache, 5, 12, **options))
+            else:
+                results.append(decoding.beam_search(step, cache, 5, 12, beam_size=3, **options))
+        in_place, grown = results
+        np.testing.assert_array_equal(_np(in_place.tokens), _np(grown.tokens))
+        np.testing.assert_allclose(_np(in_place.scores), _np(grown.scores), rtol=1e-5, atol=1e-5)
+
+
 def test_fixed_length_cache_gives_the_growing_cache_logits():
     """The fixed-size cache (for XLA) masks unwritten positions: same logits as growing."""
     model = build_transformer(**TINY)

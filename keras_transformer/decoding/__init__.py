@@ -9,6 +9,7 @@ a SavedModel. This package imports no layers, model, training or text code.
 from keras_transformer.decoding.beam_search import beam_search
 from keras_transformer.decoding.greedy_search import greedy_search
 from keras_transformer.decoding.greedy_search import greedy_search_uncached
+from keras_transformer.decoding.in_place_cache import InPlaceCache
 from keras_transformer.decoding.sampling import sample
 from keras_transformer.decoding.sampling import top_k_filter
 from keras_transformer.decoding.sampling import top_p_filter
@@ -21,6 +22,7 @@ from keras_transformer.decoding.utils import mask_tokens
 from keras_transformer.decoding.utils import tile_beams
 
 __all__ = [
+    "InPlaceCache",
     "NEG_INF",
     "SearchResult",
     "beam_search",

@@ -43,11 +43,13 @@ def beam_search(
     unk_id=None,
     sentence_cache=None,
     drop_finished=False,
+    cache_rows=None,
 ):
     """Beam search with the GNMT length penalty, keeping alive and finished hypotheses.
 
     Every tensor of `initial_cache` is tiled from `B` to `B * beam_size` rows (beams of
-    one example adjacent) and reordered with `tf.gather` after each step. Per example the
+    one example adjacent) and reordered with `tf.gather` after each step (or as
+    `cache_rows` moves its rows). Per example the
     search keeps `K = beam_size` alive hypotheses and `K` finished ones, as GNMT,
     tensor2tensor and fairseq do:
 
@@ -98,6 +100,10 @@ def beam_search(
             match an example's row to its `K` adjacent beam rows. Defaults to `None`.
         drop_finished: bool, done examples leave the batch, as in `greedy_search`: their
             beam rows stop costing compute. Defaults to `False`.
+        cache_rows: how the search tiles and reorders the rows of the cache, as in
+            `greedy_search` (`decoding.InPlaceCache(ancestry=True)` reorders a table of
+            row ancestries instead of the keys and values). Defaults to `None`: every
+            tensor's leading axis, tiled with `tile_beams` and reordered with `tf.gather`.
 
     Returns:
         A `SearchResult` for the best finished hypothesis of every example: `tokens` int32
@@ -130,7 +136,8 @@ def beam_search(
     forbidden = utils.forbidden_ids(start_id, end_id, pad_id, unk_id)
     batch_size = tf.convert_to_tensor(batch_size, tf.int32)
     bounds = utils.resolve_max_lengths(max_lengths, batch_size, max_length)  # (B,)
-    cache = utils.tile_beams(utils.to_tensors(initial_cache), beam_size)  # (B*K, ...)
+    cache_rows = cache_rows or utils.BatchMajorRows()
+    cache = cache_rows.tile(utils.to_tensors(initial_cache), beam_size)  # B*K rows
     sentences = utils.to_tensors(sentence_cache if sentence_cache is not None else {})
 
     # Only the first beam is alive at the start, so the first step's K extensions differ.
@@ -213,7 +220,7 @@ def beam_search(
         done = done | no_alive | cannot_improve  # (B,)
         # A done example keeps no alive hypothesis, so it cannot change any more.
         alive_log_probs = tf.where(done[:, None], utils.NEG_INF, alive_log_probs)
-        cache = utils.gather_beams(cache, source_beams, beam_size)  # (B*K, ...)
+        cache = cache_rows.gather(cache, utils.beam_rows(source_beams, beam_size))  # B*K rows
         alive = (
             tf.reshape(new_tokens, [-1, 1]),  # (B*K, 1)
             new_seq,
@@ -235,7 +242,7 @@ def beam_search(
             tf.TensorShape([None, beam_size, max_length]),
             tf.TensorShape([None, beam_size]),
         ),
-        utils.relaxed_batch_shapes(cache),
+        cache_rows.shape_invariants(cache),
         utils.relaxed_batch_shapes(sentences),
         finished_invariants,
         tf.TensorShape([None]),
@@ -256,9 +263,9 @@ def beam_search(
             # Per example: the alive sequences and scores, the finished set, `done`; the
             # beam rows: the last tokens and the cache.
             active = ((alive[1], alive[2]), sentences, finished, done, bounds, rows)
-            active, (last_tokens, cache), output = utils.drop_done_rows(
-                active, output, rows, done, finished, beams=(alive[0], cache),
-                beam_size=beam_size)
+            active, last_tokens, cache, output = utils.drop_done_rows(
+                active, output, rows, done, finished, beams=alive[0], beam_size=beam_size,
+                cache=cache, cache_rows=cache_rows)
             (alive_seq, alive_log_probs), sentences, finished, done, bounds, rows = active
             return (step + 1, (last_tokens, alive_seq, alive_log_probs), cache, sentences,
                     finished, done, bounds, rows, output)

@@ -89,6 +89,7 @@ def decode_single_path(
     unk_id=None,
     sentence_cache=None,
     drop_finished=False,
+    cache_rows=None,
 ):
     """Runs one hypothesis per example, choosing each token with `select_token`.
 
@@ -116,6 +117,8 @@ def decode_single_path(
             argument. Defaults to `None`.
         drop_finished: bool, finished examples leave the batch (see `greedy_search`); then
             `select_token` must not depend on a row's position. Defaults to `False`.
+        cache_rows: how the cache moves its rows (see `greedy_search`). Defaults to
+            `None`, every tensor's leading axis.
 
     Returns:
         A `SearchResult` with `tokens (B, max_length)`, `scores (B,)`, `lengths (B,)`.
@@ -124,6 +127,7 @@ def decode_single_path(
     forbidden = utils.forbidden_ids(start_id, end_id, pad_id, unk_id)
     batch_size = tf.convert_to_tensor(batch_size, tf.int32)
     bounds = utils.resolve_max_lengths(max_lengths, batch_size, max_length)  # (B,)
+    cache_rows = cache_rows or utils.BatchMajorRows()
     cache = utils.to_tensors(initial_cache)
     sentences = utils.to_tensors(sentence_cache if sentence_cache is not None else {})
     first_tokens = tf.fill([batch_size, 1], tf.constant(start_id, tf.int32))  # (B, 1)
@@ -150,7 +154,7 @@ def decode_single_path(
     invariants = (
         tf.TensorShape([]),
         tf.TensorShape([None, 1]),
-        utils.relaxed_batch_shapes(cache),
+        cache_rows.shape_invariants(cache),
         utils.relaxed_batch_shapes(sentences),
         _state_invariants(max_length),
     )
@@ -169,9 +173,11 @@ def decode_single_path(
 
     def body(step, last_tokens, cache, sentences, state, bounds, rows, output):
         last_tokens, cache, state = step_fn(last_tokens, cache, sentences, state, bounds, step)
-        active = (last_tokens, cache, sentences, state, bounds, rows)
-        active, _, output = utils.drop_done_rows(active, output, rows, state[3], state[:3])
-        return (step + 1,) + active + (output,)
+        active = (last_tokens, sentences, state, bounds, rows)
+        active, _, cache, output = utils.drop_done_rows(
+            active, output, rows, state[3], state[:3], cache=cache, cache_rows=cache_rows)
+        last_tokens, sentences, state, bounds, rows = active
+        return step + 1, last_tokens, cache, sentences, state, bounds, rows, output
 
     loop = tf.while_loop(
         cond, body,
@@ -201,6 +207,7 @@ def greedy_search(
     unk_id=None,
     sentence_cache=None,
     drop_finished=False,
+    cache_rows=None,
 ):
     """Greedy decoding: the most likely token at every step, with a cached decoder step.
 
@@ -242,6 +249,10 @@ def greedy_search(
             must then take every per-example tensor from its arguments (none captured from
             outside with `B` rows). The results are the same; the shapes in the loop are
             not static (no XLA). Defaults to `False`.
+        cache_rows: how the search moves the rows of `initial_cache` (`gather(cache,
+            indices)`, `shape_invariants(cache)`; beam search also `tile(cache, K)`):
+            `decoding.InPlaceCache` for its time-major buffers. Defaults to `None`: every
+            tensor's leading axis is the row axis (`utils.BatchMajorRows`).
 
     Returns:
         A `SearchResult`: `tokens` int32 `(B, max_length)` (no START, END included,
@@ -271,6 +282,7 @@ def greedy_search(
         unk_id=unk_id,
         sentence_cache=sentence_cache,
         drop_finished=drop_finished,
+        cache_rows=cache_rows,
     )
 
 

@@ -280,12 +280,14 @@ def gather_beams(nest, beam_indices, beam_size):
     Returns:
         The nest with row `b * K + j` taken from row `b * K + beam_indices[b, j]`.
     """
+    return BatchMajorRows().gather(nest, beam_rows(beam_indices, beam_size))
+
+
+def beam_rows(beam_indices, beam_size):
+    """The flat rows `(B * K,)` of a beam reorder: `b * K + beam_indices[b, j]`."""
     batch_size = tf.shape(beam_indices)[0]
     offsets = tf.range(batch_size, dtype=tf.int32)[:, None] * beam_size  # (B, 1)
-    flat_indices = tf.reshape(beam_indices + offsets, [-1])  # (B*K,)
-    return tf.nest.map_structure(
-        lambda t: tf.gather(t, flat_indices, axis=0), nest
-    )
+    return tf.reshape(beam_indices + offsets, [-1])  # (B*K,)
 
 
 def resolve_max_lengths(max_lengths, batch_size, max_length):
@@ -382,15 +384,17 @@ def scatter_rows(output, rows, values):
     )
 
 
-def drop_done_rows(active, output, rows, done, results, beams=(), beam_size=1):
+def drop_done_rows(active, output, rows, done, results, beams=(), beam_size=1, cache=(),
+                   cache_rows=None):
     """Sets the finished examples of a search aside once enough of them are done.
 
     When at least `DROP_FRACTION` of the examples still decoded are done (and not all of
     them: the loop ends then), their `results` are written to `output` at their index in
     `rows`, and every tensor of `active` (leading axis: the examples still decoded) and of
     `beams` (leading axis: those examples' `beam_size` adjacent rows) keeps the rows of the
-    examples not done. Otherwise nothing changes. A `tf.cond`, so a step that drops nothing
-    costs a few scalar ops.
+    examples not done, and so does `cache` (the decoder's rows, moved by `cache_rows`).
+    Otherwise nothing changes. A `tf.cond`, so a step that drops nothing costs a few
+    scalar ops.
 
     Args:
         active: nest of tensors with leading axis `N`, `rows` among them.
@@ -400,10 +404,14 @@ def drop_done_rows(active, output, rows, done, results, beams=(), beam_size=1):
         results: nest of `output`'s structure with leading axis `N`.
         beams: nest of tensors with leading axis `N * beam_size`. Defaults to `()`.
         beam_size: int. Defaults to `1`.
+        cache: the search's cache, `N * beam_size` rows. Defaults to `()`.
+        cache_rows: how `cache` moves its rows (`gather(cache, indices)`). Defaults to
+            `None`, `BatchMajorRows()`.
 
     Returns:
-        `(active, beams, output)`.
+        `(active, beams, cache, output)`.
     """
+    cache_rows = cache_rows or BatchMajorRows()
     num_done = tf.reduce_sum(tf.cast(done, tf.int32))
     num_rows = tf.size(done)
     drop = (num_done > 0) & (num_done < num_rows) & (
@@ -417,7 +425,39 @@ def drop_done_rows(active, output, rows, done, results, beams=(), beam_size=1):
         return (
             tf.nest.map_structure(lambda t: tf.gather(t, kept), active),
             tf.nest.map_structure(lambda t: tf.gather(t, kept_beams), beams),
+            cache_rows.gather(cache, kept_beams),
             scatter_rows(output, rows, results),
         )
 
-    return tf.cond(drop, gather, lambda: (active, beams, output))
+    return tf.cond(drop, gather, lambda: (active, beams, cache, output))
+
+
+class BatchMajorRows:
+    """How a search moves the rows of its cache when every tensor's leading axis is the
+    row axis: the default `cache_rows` of the searches.
+
+    A search tiles its cache to beams (`tile`), reorders rows (`gather`: beam reorders,
+    finished sentences dropped) and states its `tf.while_loop` shape invariants
+    (`shape_invariants`) through such an object, so a cache of another layout (for
+    example `InPlaceCache`, time-major) brings its own.
+
+    Example:
+
+    >>> rows = BatchMajorRows()
+    >>> cache = rows.tile({"x": tf.constant([[1], [2]])}, 2)
+    >>> rows.gather(cache, tf.constant([3, 0]))["x"].numpy().ravel().tolist()
+    [2, 1]
+    """
+
+    def tile(self, cache, beam_size):
+        """Every row repeated `beam_size` times, copies adjacent (`tile_beams`)."""
+        return tile_beams(cache, beam_size)
+
+    def gather(self, cache, indices):
+        """Row `i` of every tensor taken from row `indices[i]`."""
+        return tf.nest.map_structure(lambda t: tf.gather(t, indices, axis=0), cache)
+
+    def shape_invariants(self, cache):
+        """The leading axis and every axis that starts empty unknown
+        (`relaxed_batch_shapes`)."""
+        return relaxed_batch_shapes(cache)

@@ -171,6 +171,27 @@ def test_dropping_finished_sentences_changes_no_output(copy_task, random_model, 
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("search", ["greedy", "beam"])
+def test_in_place_cache_changes_no_output(copy_task, random_model, search):
+    """The time-major cache written in place (beam search's default, where it reorders an
+    ancestry table; greedy search's with "all") against the cache grown by concatenation,
+    with finished sentences dropped and kept, on sources that finish at different steps."""
+    sentences = copy_task.held_out[:12] + BOUND_SOURCES
+    for model in (copy_task.model, random_model):
+        for drop_finished in (True, False):
+            translators = [
+                copy_task.translator(model, search=search, beam_size=3,
+                                     drop_finished=drop_finished, in_place_cache=in_place)
+                for in_place in ("all", "none")
+            ]
+            (text, score, length), (grown_text, grown_score, grown_length) = (
+                outputs(translator, sentences) for translator in translators)
+            assert text == grown_text
+            np.testing.assert_array_equal(length, grown_length)
+            np.testing.assert_allclose(score, grown_score, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("search", ["greedy", "beam", "greedy_uncached", "sample"])
 def test_random_model_that_never_ends_stops_at_the_bound(copy_task, random_model, search):
     """END is impossible, so every output runs to min(source + extra, max_output_length)."""
