@@ -28,6 +28,10 @@ def _allocator(env_value):
     if env_value is not None:
         env["TF_CPU_ALLOCATOR_USE_BFC"] = env_value
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    # Where oneDNN is on by default (CPUs with AVX-512 VNNI or BF16), its own BFC allocator
+    # serves the CPU device whatever TF_CPU_ALLOCATOR_USE_BFC says: with oneDNN off the
+    # variable alone decides, on every CPU (benchmarks/RESULTS.md, "The allocator line").
+    env["TF_ENABLE_ONEDNN_OPTS"] = "0"
     result = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True,
                             env=env, check=True, timeout=300)
     return result.stdout.strip().splitlines()[-1]
