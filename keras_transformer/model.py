@@ -391,22 +391,20 @@ class TransformerParts:
                       for block in self.decoder.blocks for _ in ("keys", "values")]
             cache = cache_layout.initial(ops.shape(memory)[0], max_length, shapes,
                                          memory.dtype)
-
-            def in_place_logits(tokens, cache, index, memory_state):
-                positions = ops.take(table, ops.reshape(index, (1,)), axis=0)  # (1, d_model)
-                return self._step(tokens, cache, memory_state, index, weights, positions,
-                                  layout=cache_layout)
-
-            return in_place_logits, cache, memory_state
+        else:
+            cache = {"self": self._empty_self_cache(memory, fixed or 0)}
 
         def next_logits(tokens, cache, index, memory_state):
             positions = ops.take(table, ops.reshape(index, (1,)), axis=0)  # (1, d_model)
+            if cache_layout is not None:  # the layout's cache is the whole cache
+                return self._step(tokens, cache, memory_state, index, weights, positions,
+                                  layout=cache_layout)
             logits, self_cache = self._step(
                 tokens, cache["self"], memory_state, index, weights, positions, fixed
             )
             return logits, {"self": self_cache}
 
-        return next_logits, {"self": self._empty_self_cache(memory, fixed or 0)}, memory_state
+        return next_logits, cache, memory_state
 
     def _step_weights(self):
         """`(per block weights, (projection kernel, bias))`.
@@ -595,31 +593,30 @@ def _decoder_block_step(block, weights, x, self_cache, cross, memory_bias, index
     rows = ops.shape(x)[0]
 
     def self_attend(h):
-        dense = self_attention._output_dense
         if store is not None:
             layout, plan = store
             qkv = ops.reshape(_linear(h, kernel, bias), (rows, 3, num_heads, -1))
             queries, new_keys, new_values = ops.unstack(qkv, axis=1)  # (N, H, d_k) each
-            keys = layout.append(plan, self_cache[0], new_keys)  # (T_max, R, H, d_k)
+            keys = layout.append(plan, self_cache[0], new_keys)  # (T_max * R, H, d_k)
             values = layout.append(plan, self_cache[1], new_values)
             outputs = _time_major_attention(
                 queries, layout.read(plan, keys), layout.read(plan, values)
             )  # (N, H, d_k)
-            outputs = ops.reshape(outputs, (rows, -1))
-            return _linear(outputs, dense.kernel, dense.bias if dense.use_bias else None), (
-                keys, values)
-        qkv = ops.reshape(_linear(h, kernel, bias), (rows, 3, num_heads, 1, -1))
-        queries, new_keys, new_values = ops.unstack(qkv, axis=1)  # (N, H, 1, d_k) each
-        if self_bias is None:
-            keys = ops.concatenate([self_cache[0], new_keys], axis=2)  # (N, H, t + 1, d_k)
-            values = ops.concatenate([self_cache[1], new_values], axis=2)
         else:
-            zero = ops.zeros((), "int32")
-            start = [zero, zero, ops.cast(index, "int32"), zero]
-            keys = ops.slice_update(self_cache[0], start, new_keys)  # (N, H, T_max, d_k)
-            values = ops.slice_update(self_cache[1], start, new_values)
-        outputs = _single_query_attention(queries, keys, values, self_bias)  # (N, H, 1, d_k)
+            qkv = ops.reshape(_linear(h, kernel, bias), (rows, 3, num_heads, 1, -1))
+            queries, new_keys, new_values = ops.unstack(qkv, axis=1)  # (N, H, 1, d_k) each
+            if self_bias is None:
+                keys = ops.concatenate([self_cache[0], new_keys], axis=2)  # (N, H, t + 1, d_k)
+                values = ops.concatenate([self_cache[1], new_values], axis=2)
+            else:
+                zero = ops.zeros((), "int32")
+                start = [zero, zero, ops.cast(index, "int32"), zero]
+                keys = ops.slice_update(self_cache[0], start, new_keys)  # (N, H, T_max, d_k)
+                values = ops.slice_update(self_cache[1], start, new_values)
+            outputs = _single_query_attention(queries, keys, values,
+                                              self_bias)  # (N, H, 1, d_k)
         outputs = ops.reshape(outputs, (rows, -1))
+        dense = self_attention._output_dense
         return _linear(outputs, dense.kernel, dense.bias if dense.use_bias else None), (
             keys, values)
 

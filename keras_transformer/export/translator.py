@@ -69,8 +69,8 @@ class DecodingConfig:
     # written in place (`decoding.InPlaceCache`; beam search reorders a table of row
     # ancestries, not the keys and values) instead of a cache grown by concatenation:
     # "beam", "all" (greedy too) or "none". The same results either way. Measured on the
-    # reference model (benchmarks/RESULTS.md): beam search as fast at batch 32 and 4%
-    # faster at batch 1; greedy 8% faster at batch 1 but 5% slower at batch 32 (its
+    # reference model (benchmarks/RESULTS.md, three runs): beam search 1.00-1.09x at batch
+    # 32 and 1.02-1.17x at batch 1; greedy 1.08x at batch 1 but 0.95x at batch 32 (its
     # finished sentences copy the written positions when they leave), hence "beam". Not in
     # the XLA-compiled search (its fixed-size cache).
     in_place_cache: str = "beam"
