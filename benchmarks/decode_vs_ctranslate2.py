@@ -88,6 +88,9 @@ def _parse_args(argv):
     parser.add_argument("--compare-growing-cache", action="store_true",
                         help="also time an export whose decoder cache grows by concatenation "
                              "(`export --growing-cache`)")
+    parser.add_argument("--compare-bf16", action="store_true",
+                        help="also time an export computing in bfloat16 (`export --dtype "
+                             "bfloat16`; fast only on CPUs with AVX-512 BF16 or AMX)")
     parser.add_argument("--compare-jit", action="store_true",
                         help="also time the XLA-compiled export (`export --jit`), warmed up "
                              "on every batch shape first")
@@ -273,6 +276,14 @@ def main(argv=None):
                 Translator(model, source_tokenizer, target_tokenizer,
                            dataclasses.replace(config, in_place_cache="none")),
                 os.path.join(tmp, "export_grown")), name="SavedModel, growing cache")
+        bf16 = None
+        if args.compare_bf16:
+            from keras_transformer.model import with_dtype_policy
+
+            bf16 = OurEngine(export_translator(
+                Translator(with_dtype_policy(model, "bfloat16"), source_tokenizer,
+                           target_tokenizer, config),
+                os.path.join(tmp, "export_bf16")), name="SavedModel, bfloat16")
         jit = None
         if args.compare_jit:
             jit = OurEngine(export_translator(
@@ -312,7 +323,7 @@ def main(argv=None):
         latency_sources = sources[: args.latency_sentences]
         for search in SEARCHES:
             figures = {}
-            for engine in [e for e in (ours, grown, kept, jit, theirs) if e is not None]:
+            for engine in [e for e in (ours, grown, kept, bf16, jit, theirs) if e is not None]:
                 rate, hypotheses = _throughput(engine, search, sources, args.batch_size,
                                                args.callers)
                 if engine is kept:  # batch 1: the same steps as `ours`
@@ -348,6 +359,10 @@ def main(argv=None):
         if kept is not None:
             print(f"| {label[search]}, finished kept | "
                   f"{figures[kept.name][0] / ct2_rate:.2f}x | | |")
+        if bf16 is not None:
+            (bf16_rate, _, bf16_one, bf16_median) = figures[bf16.name]
+            print(f"| {label[search]}, bfloat16 | {bf16_rate / ct2_rate:.2f}x | "
+                  f"{bf16_one / ct2_one:.2f}x | {bf16_median / ct2_median:.2f}x |")
         if jit is not None:
             (jit_rate, _, jit_one, jit_median) = figures[jit.name]
             print(f"| {label[search]}, XLA | {jit_rate / ct2_rate:.2f}x | "

@@ -17,7 +17,7 @@ import time
 DEFAULT_PRESET = "quick"  # `train` without --preset, --config or an existing run
 PRECISIONS = {"none": None, "float32": None, "bf16": "mixed_bfloat16",
               "mixed_bfloat16": "mixed_bfloat16", "fp16": "mixed_float16",
-              "mixed_float16": "mixed_float16"}
+              "mixed_float16": "mixed_float16", "auto": "auto"}
 
 
 def _parse_overrides(pairs):
@@ -265,7 +265,8 @@ def cmd_export(args):
     except ValueError as error:
         raise SystemExit(f"keras-transformer export: {error}") from None
     checkpoint = _checkpoint_record(args.model, args.checkpoint)
-    model, source_tokenizer, target_tokenizer, config = load_run(args.model, args.checkpoint)
+    model, source_tokenizer, target_tokenizer, config = load_run(
+        args.model, args.checkpoint, dtype_policy=args.dtype)
     direction = _data_spec(config)
     try:  # e.g. output lengths past a learned position table
         translator = Translator(
@@ -277,8 +278,8 @@ def cmd_export(args):
         raise SystemExit(f"keras-transformer export: {error}") from None
     path = export_translator(
         translator, args.out, version=args.version,
-        metadata={"run_dir": str(args.model), **checkpoint, "training_config": config,
-                  **direction},
+        metadata={"run_dir": str(args.model), **checkpoint, "dtype": args.dtype,
+                  "training_config": config, **direction},
     )
     search = f"beam {args.beam_size}" if args.search == "beam" else args.search
     print(f"Exported a {search} translator to {path}")
@@ -475,7 +476,9 @@ def build_parser():
     train.add_argument("--data-dir", help="directory with the raw Multi30K files "
                        "(default: $KERAS_TRANSFORMER_MULTI30K_DIR or ../shared/data/multi30k)")
     train.add_argument("--tfds-dir", help="TFDS data_dir (for --data tfds:NAME)")
-    train.add_argument("--mixed-precision", choices=sorted(PRECISIONS))
+    train.add_argument("--mixed-precision", choices=sorted(PRECISIONS),
+                       help="auto: bf16 where the CPU computes bfloat16 natively (AVX-512 "
+                       "BF16, AMX) and no GPU is visible, float32 elsewhere")
     train.add_argument("--strategy", default="auto",
                        choices=["auto", "default", "mirrored", "multi_worker"])
     train.add_argument("--workers", metavar="HOST:PORT,...",
@@ -544,6 +547,10 @@ def build_parser():
                         help="beam search grows the decoder's key/value cache by "
                         "concatenation (as greedy search does) instead of writing time-major "
                         "buffers in place; same results: for comparisons")
+    export.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
+                        help="what the exported model computes in, whatever the run trained "
+                        "with (default float32); bfloat16 weights and matmuls are fast only "
+                        "on CPUs with AVX-512 BF16 or AMX and oneDNN (benchmarks/RESULTS.md)")
     export.set_defaults(func=cmd_export)
 
     translate = sub.add_parser(

@@ -159,6 +159,52 @@ def build_transformer(
     )
 
 
+
+# The layer `build_transformer` keeps in float32 under any policy (the logits).
+_FLOAT32_LAYERS = ("logits",)
+
+
+def with_dtype_policy(model, policy):
+    """A copy of a `build_transformer` model that computes under another dtype policy.
+
+    A model trained under `mixed_bfloat16` saves that policy in every layer's config, so it
+    would decode in bfloat16 wherever it is loaded; this makes it float32 again (or turns a
+    float32 model into a bfloat16 one for a CPU that computes bfloat16 natively). Every
+    layer's policy is replaced except the float32 `logits` layer, and the weights are copied
+    (cast to the new variable dtype).
+
+    Args:
+        model: a model made by `build_transformer` (or loaded from one's `.keras` file).
+        policy: string, a Keras dtype policy name: `"float32"`, `"mixed_bfloat16"`,
+            `"bfloat16"`, `"mixed_float16"` or `"float16"`.
+
+    Returns:
+        A new `keras.Model`, or `model` itself when every layer already has `policy`.
+
+    Example:
+
+    >>> model = build_transformer(100, d_model=16, num_heads=2, ff_dim=32, num_layers=1)
+    >>> bf16 = with_dtype_policy(model, "bfloat16")
+    >>> bf16.get_layer("decoder").compute_dtype, bf16.get_layer("logits").compute_dtype
+    ('bfloat16', 'float32')
+    """
+    policy = keras.dtype_policies.get(policy).name
+    layers = [layer for layer in model.layers
+              if layer.name not in _FLOAT32_LAYERS and not isinstance(layer, keras.layers.InputLayer)]
+    if all(layer.dtype_policy.name == policy for layer in layers):
+        return model
+    config = model.get_config()
+    for layer_config in config["layers"]:
+        if layer_config["class_name"] != "InputLayer" and layer_config["name"] not in _FLOAT32_LAYERS:
+            layer_config["config"]["dtype"] = policy
+    converted = model.__class__.from_config(config)
+    for source, target in zip(model.weights, converted.weights):
+        if source.path != target.path:  # the same architecture, so the same order
+            raise ValueError(f"Weights differ after the policy change: {source.path} against "
+                             f"{target.path}.")
+        target.assign(ops.cast(source, target.dtype))
+    return converted
+
 def closed_form_parameter_count(
     vocab_size,
     d_model,

@@ -69,3 +69,11 @@ def test_config_overrides_are_typed(tmp_path):
     config = _load_config(args)
     assert (config.d_model, config.dropout, config.epochs, config.precision) == (
         32, 0.2, 3, "mixed_bfloat16")
+
+
+def test_mixed_precision_auto_is_kept_for_the_trainer_to_resolve(tmp_path):
+    from keras_transformer.cli import _load_config
+
+    args = build_parser().parse_args(
+        ["train", "--output", str(tmp_path), "--preset", "tiny", "--mixed-precision", "auto"])
+    assert _load_config(args).precision == "auto"

@@ -4,7 +4,7 @@ import pytest
 from keras import ops
 
 from keras_transformer import TransformerParts, build_transformer
-from keras_transformer.model import closed_form_parameter_count
+from keras_transformer.model import closed_form_parameter_count, with_dtype_policy
 
 TINY = dict(vocab_size=50, d_model=16, num_heads=2, ff_dim=32, num_layers=2, dropout=0.0)
 NORMS = pytest.mark.parametrize("norm_first", [False, True], ids=["post_norm", "pre_norm"])
@@ -170,6 +170,36 @@ def test_mixed_bfloat16_runs_without_nan_including_an_all_padding_row():
     assert np.isfinite(loss)
     assert model.get_layer("encoder").compute_dtype == "bfloat16"
 
+
+
+@pytest.mark.parametrize("tie_embeddings", [True, False], ids=["tied", "untied"])
+def test_with_dtype_policy_converts_every_layer_but_the_float32_logits(tie_embeddings):
+    keras.config.set_dtype_policy("mixed_bfloat16")
+    trained = build_transformer(**TINY, tie_embeddings=tie_embeddings)  # as a bf16 run saves it
+    keras.config.set_dtype_policy("float32")
+    batch = _batch()
+    as_float32 = with_dtype_policy(trained, "float32")
+    policies = {layer.name: layer.dtype_policy.name for layer in as_float32.layers
+                if not isinstance(layer, keras.layers.InputLayer)}
+    assert set(policies.values()) == {"float32"}, policies
+    assert all(w.dtype == "float32" for w in as_float32.weights)
+    for source, converted in zip(trained.weights, as_float32.weights):
+        np.testing.assert_array_equal(_np(source), _np(converted))  # float32 variables both
+
+    as_bf16 = with_dtype_policy(as_float32, "bfloat16")
+    assert as_bf16.get_layer("decoder").compute_dtype == "bfloat16"
+    assert as_bf16.get_layer("logits").compute_dtype == "float32"
+    assert all(w.dtype == "bfloat16" for w in as_bf16.get_layer("decoder").weights)
+    exact, rounded = _np(as_float32(batch)), _np(as_bf16(batch))
+    assert rounded.dtype == np.float32
+    assert not np.array_equal(exact, rounded)  # computed in bfloat16 for real
+    np.testing.assert_allclose(rounded, exact, atol=0.15)
+    # Back to float32: the weights are the bfloat16 values, widened exactly.
+    back = with_dtype_policy(as_bf16, "float32")
+    for rounded_weight, widened in zip(as_bf16.weights, back.weights):
+        assert widened.dtype == "float32"
+        np.testing.assert_array_equal(_np(ops.cast(rounded_weight, "float32")), _np(widened))
+    assert with_dtype_policy(as_float32, "float32") is as_float32
 
 @NORMS
 def test_cached_next_logits_equal_the_full_forward_pass(norm_first):

@@ -54,16 +54,27 @@ def resolve_checkpoint(run_dir, checkpoint="best"):
     return ("final" if path.name == "model.keras" else path.stem), path
 
 
-def load_run(run_dir, checkpoint="best"):
+def load_run(run_dir, checkpoint="best", dtype_policy="float32"):
     """Loads `(model, source_tokenizer, target_tokenizer, config_dict)` from a run directory.
 
     The model loads with `safe_mode=True`: it holds no lambdas or custom code beyond the
-    registered `keras_transformer` layers.
+    registered `keras_transformer` layers. It computes under `dtype_policy`, whatever the
+    run trained with: a run trained under `mixed_bfloat16` saves that policy with its layers,
+    and would otherwise decode in bfloat16, slowly on CPUs without bfloat16 instructions.
+
+    Args:
+        run_dir: the run directory.
+        checkpoint: `"best"`, `"final"`, `"averaged"` or `"last"` (see `model_path`).
+        dtype_policy: Keras dtype policy name the model computes under (`with_dtype_policy`),
+            or None for the policy it was saved with. Defaults to `"float32"`.
     """
     run_dir = pathlib.Path(run_dir)
     import keras_transformer.layers  # noqa: F401  (registers the layer classes)
+    from keras_transformer.model import with_dtype_policy
 
     model = keras.saving.load_model(model_path(run_dir, checkpoint), compile=False, safe_mode=True)
+    if dtype_policy is not None:
+        model = with_dtype_policy(model, dtype_policy)
     source_tokenizer, target_tokenizer = load_tokenizers(run_dir / "tokenizer")
     config_path = run_dir / "config.json"
     config = json.loads(config_path.read_text()) if config_path.is_file() else {}

@@ -38,6 +38,7 @@ from keras_transformer.training.callbacks import (
 from keras_transformer.training.losses import MaskedSparseCategoricalCrossentropy
 from keras_transformer.training.metrics import MaskedAccuracy
 from keras_transformer.training.optimizers import learning_rate_schedule, make_optimizer
+from keras_transformer.training.presets import resolve_precision
 from keras_transformer.training.schedules import cooldown_steps
 from keras_transformer.training.strategy import (
     is_chief,
@@ -423,8 +424,11 @@ def train(
         return _load_finished_run(config, output_dir, continue_from, previous)
 
     keras.utils.set_random_seed(config.seed)
-    if config.precision:
-        keras.config.set_dtype_policy(config.precision)
+    precision = resolve_precision(config.precision)
+    if config.precision == "auto" and chief:
+        print(f"precision 'auto': {precision or 'float32'} on this machine", flush=True)
+    if precision:
+        keras.config.set_dtype_policy(precision)
     replicas = strategy.num_replicas_in_sync
     if chief:
         # Atomically: other workers may read it (a shared filesystem) at this moment.

@@ -183,3 +183,45 @@ def test_export_says_which_checkpoint_it_exported(run_without_best, tmp_path, ca
     assert metadata["checkpoint"] == "final", metadata
     assert metadata["checkpoint_requested"] == "best"
     assert metadata["checkpoint_path"].endswith("model.keras")
+
+
+def _matmul_dtypes(base_dir):
+    """The dtypes (attr `T`) of every MatMul node in an export's graphs and functions."""
+    from tensorflow.core.protobuf import saved_model_pb2
+    from tensorflow.python.framework import dtypes
+
+    (path,) = base_dir.glob("*/saved_model.pb")
+    saved_model = saved_model_pb2.SavedModel()
+    saved_model.ParseFromString(path.read_bytes())
+    found = set()
+    for graph in (meta.graph_def for meta in saved_model.meta_graphs):
+        for nodes in [graph.node] + [f.node_def for f in graph.library.function]:
+            found.update(dtypes.as_dtype(node.attr["T"].type).name
+                         for node in nodes if node.op in ("MatMul", "BatchMatMulV2"))
+    return found
+
+
+@pytest.mark.slow
+def test_export_computes_in_float32_whatever_the_run_trained_in(copy_task, tmp_path):
+    """A run trained under mixed_bfloat16 (its layers save that policy) exports float32 by
+    default, and bfloat16 only when asked."""
+    from keras_transformer.model import with_dtype_policy
+
+    run = tmp_path / "run"
+    (run / "tokenizer").mkdir(parents=True)
+    with_dtype_policy(copy_task.model, "mixed_bfloat16").save(run / "model.keras")
+    shutil.copy(copy_task.tokenizer.model_path, run / "tokenizer" / "tokenizer.model")
+    translations = {}
+    for dtype in (None, "bfloat16"):
+        out_dir = tmp_path / f"export-{dtype}"
+        cli.main(["export", "--model", str(run), "--out", str(out_dir), "--search", "greedy",
+                  "--checkpoint", "final", "--max-output-length", "16"]
+                 + (["--dtype", dtype] if dtype else []))
+        assert _matmul_dtypes(out_dir) == ({"float32"} if dtype is None else
+                                           {"float32", "bfloat16"}), dtype
+        exported = ExportedTranslator(out_dir)
+        assert exported.metadata["dtype"] == (dtype or "float32")
+        translations[dtype] = [t["translation"] for t in exported.translate(copy_task.held_out)]
+    # The copy task is learned well enough for bfloat16's rounding to change few outputs.
+    same = sum(a == b for a, b in zip(translations[None], translations["bfloat16"]))
+    assert same >= 0.8 * len(copy_task.held_out), translations
