@@ -377,7 +377,8 @@ def test_export_cli_sampling_flags_reach_the_translator(small_tokenizer, monkeyp
     monkeypatch.setattr(cli, "_checkpoint_record", lambda run, requested: {
         "checkpoint": requested, "checkpoint_path": f"{run}/{requested}"})
     monkeypatch.setattr(export_module, "load_run",
-                        lambda run, checkpoint: (model, small_tokenizer, small_tokenizer, {}))
+                        lambda run, checkpoint, dtype_policy="float32": (
+                            model, small_tokenizer, small_tokenizer, {}))
     monkeypatch.setattr(export_module, "export_translator",
                         lambda translator, out, **kwargs: written.__setitem__("t", translator))
     base = ["export", "--model", "run", "--out", "out", "--max-input-length", str(TABLE),
