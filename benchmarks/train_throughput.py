@@ -30,6 +30,7 @@ def measure(preset, precision, steps, warmup, overrides=(), jit_compile="auto"):
 
     from keras_transformer.data import load_multi30k
     from keras_transformer.training import get_preset
+    from keras_transformer.training.presets import resolve_precision
     from keras_transformer.training.trainer import (
         build_model, compile_model, make_datasets, prepare_tokenizers, training_tokens_per_second,
     )
@@ -38,6 +39,7 @@ def measure(preset, precision, steps, warmup, overrides=(), jit_compile="auto"):
     config = get_preset(preset).replace(
         precision=precision, **{k: _value(v) for k, v in overrides.items()})
     keras.utils.set_random_seed(config.seed)
+    precision = resolve_precision(precision)  # "auto" -> this machine's choice
     if precision:
         keras.config.set_dtype_policy(precision)
     splits = {s: load_multi30k(s) for s in ("train", "validation")}

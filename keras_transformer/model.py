@@ -159,7 +159,6 @@ def build_transformer(
     )
 
 
-
 # The layer `build_transformer` keeps in float32 under any policy (the logits).
 _FLOAT32_LAYERS = ("logits",)
 
@@ -189,13 +188,14 @@ def with_dtype_policy(model, policy):
     ('bfloat16', 'float32')
     """
     policy = keras.dtype_policies.get(policy).name
-    layers = [layer for layer in model.layers
-              if layer.name not in _FLOAT32_LAYERS and not isinstance(layer, keras.layers.InputLayer)]
+    layers = [layer for layer in model.layers if layer.name not in _FLOAT32_LAYERS
+              and not isinstance(layer, keras.layers.InputLayer)]
     if all(layer.dtype_policy.name == policy for layer in layers):
         return model
     config = model.get_config()
     for layer_config in config["layers"]:
-        if layer_config["class_name"] != "InputLayer" and layer_config["name"] not in _FLOAT32_LAYERS:
+        if (layer_config["class_name"] != "InputLayer"
+                and layer_config["name"] not in _FLOAT32_LAYERS):
             layer_config["config"]["dtype"] = policy
     converted = model.__class__.from_config(config)
     for source, target in zip(model.weights, converted.weights):
@@ -204,6 +204,7 @@ def with_dtype_policy(model, policy):
                              f"{target.path}.")
         target.assign(ops.cast(source, target.dtype))
     return converted
+
 
 def closed_form_parameter_count(
     vocab_size,
