@@ -281,6 +281,8 @@ def main():
     parser.add_argument("--trace-repeats", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--jit", action="store_true", help="export with jit_compile (XLA)")
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
+                        help="what the export computes in (`export --dtype`)")
     parser.add_argument("--uncached", action="store_true",
                         help="also time uncached greedy against cached greedy")
     parser.add_argument("--skip-profile", action="store_true", help="no step stats")
@@ -299,6 +301,10 @@ def main():
     sources = read_lines(TEST_SOURCES, args.batch_size)
     batches = {str(args.batch_size): sources, "1": sources[:1]}
     model, source_tokenizer, target_tokenizer = reference_parts(args, work_dir)
+    if args.dtype != "float32":
+        from keras_transformer.model import with_dtype_policy
+
+        model = with_dtype_policy(model, args.dtype)
     paths, translators = export(args, work_dir, model, source_tokenizer, target_tokenizer)
     beam = translators["beam"]
     print(f"# profile_decoder: export {paths['beam']}")

@@ -156,7 +156,7 @@ def test_decode_vs_ctranslate2_side_by_side_with_concurrent_callers(tiny_run):
          "--checkpoint", "final", "--limit", "7", "--batch-size", "3",
          "--latency-sentences", "2", "--beam-size", "2", "--threads", "1",
          "--inter-threads", "2", "--callers", "2", "--compare-keep-finished",
-         "--compare-jit", "--compare-growing-cache", "--in-place-greedy"],
+         "--compare-jit", "--compare-growing-cache", "--in-place-greedy", "--compare-bf16"],
         capture_output=True, text=True, timeout=600,
         # Without a choice of allocator (this process's import of keras_transformer set one):
         # the script times TensorFlow's default allocator, the one TF Serving runs.
@@ -174,7 +174,7 @@ def test_decode_vs_ctranslate2_side_by_side_with_concurrent_callers(tiny_run):
         assert allocator.group(1) == "system", out
     engines = re.findall(r"^\| (beam 2|greedy) \| ([^|]+) \| \d+\.\d \| \d+\.\d \| \d+ \| "
                          r"(\d+\.\d\d) \|$", out, re.M)
-    assert len(engines) == 10, out
+    assert len(engines) == 12, out
     # The same model: dropping finished sentences, the cache's layout or XLA changes no
     # translation.
     bleu = {(search, engine.strip()): score for search, engine, score in engines}
@@ -186,4 +186,8 @@ def test_decode_vs_ctranslate2_side_by_side_with_concurrent_callers(tiny_run):
                      out, re.M), out
     assert re.search(r"^\| greedy, XLA \| \d+\.\d\dx \| \d+\.\d\dx \| \d+\.\d\dx \|$", out,
                      re.M), out
+    # bfloat16 computes another function: its own BLEU, timed like the others.
+    assert (("greedy", "SavedModel, bfloat16") in bleu and
+            re.search(r"^\| beam 2, bfloat16 \| \d+\.\d\dx \| \d+\.\d\dx \| \d+\.\d\dx \|$",
+                      out, re.M)), out
     assert re.search(r"^\| beam 2 \| \d+\.\d\dx \| \d+\.\d\dx \| \d+\.\d\dx \|$", out, re.M), out
