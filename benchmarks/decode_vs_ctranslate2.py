@@ -264,33 +264,29 @@ def main(argv=None):
         ct2_dir = convert(model, source_tokenizer, target_tokenizer, os.path.join(tmp, "ct2"),
                           quantization=args.quantization)
         ours = OurEngine(export_dir)
-        kept = None
-        if args.compare_keep_finished:
-            kept = OurEngine(export_translator(
-                Translator(model, source_tokenizer, target_tokenizer,
-                           dataclasses.replace(config, drop_finished=False)),
-                os.path.join(tmp, "export_kept")), name="SavedModel, finished kept")
-        grown = None
-        if args.compare_growing_cache:
-            grown = OurEngine(export_translator(
-                Translator(model, source_tokenizer, target_tokenizer,
-                           dataclasses.replace(config, in_place_cache="none")),
-                os.path.join(tmp, "export_grown")), name="SavedModel, growing cache")
+
+        def variant(flag, name, directory, variant_model=model, warm_every_batch=False,
+                    **changes):
+            """Our export with other settings (or weights), when its `--compare-*` flag is set."""
+            if not flag:
+                return None
+            return OurEngine(export_translator(
+                Translator(variant_model, source_tokenizer, target_tokenizer,
+                           dataclasses.replace(config, **changes)),
+                os.path.join(tmp, directory)), name=name, warm_every_batch=warm_every_batch)
+
+        kept = variant(args.compare_keep_finished, "SavedModel, finished kept", "export_kept",
+                       drop_finished=False)
+        grown = variant(args.compare_growing_cache, "SavedModel, growing cache",
+                        "export_grown", in_place_cache="none")
         bf16 = None
         if args.compare_bf16:
             from keras_transformer.model import with_dtype_policy
 
-            bf16 = OurEngine(export_translator(
-                Translator(with_dtype_policy(model, "bfloat16"), source_tokenizer,
-                           target_tokenizer, config),
-                os.path.join(tmp, "export_bf16")), name="SavedModel, bfloat16")
-        jit = None
-        if args.compare_jit:
-            jit = OurEngine(export_translator(
-                Translator(model, source_tokenizer, target_tokenizer,
-                           dataclasses.replace(config, jit_compile=True)),
-                os.path.join(tmp, "export_jit")), name="SavedModel, XLA (--jit)",
-                warm_every_batch=True)
+            bf16 = variant(True, "SavedModel, bfloat16", "export_bf16",
+                           variant_model=with_dtype_policy(model, "bfloat16"))
+        jit = variant(args.compare_jit, "SavedModel, XLA (--jit)", "export_jit",
+                      warm_every_batch=True, jit_compile=True)
         theirs = CTranslate2Engine(
             ct2_dir, source_tokenizer.model_path, args.threads, args.beam_size, args.alpha,
             args.max_output_length, config.max_input_length, args.inter_threads)
@@ -348,25 +344,17 @@ def main(argv=None):
           "batch 1 | latency ours / CTranslate2 |")
     print("|---|---|---|---|")
     for search, figures in rows:
-        (ours_rate, _, ours_one, ours_median) = figures[ours.name]
-        (ct2_rate, _, ct2_one, ct2_median) = figures[theirs.name]
-        print(f"| {label[search]} | {ours_rate / ct2_rate:.2f}x | {ours_one / ct2_one:.2f}x | "
-              f"{ours_median / ct2_median:.2f}x |")
-        if grown is not None:
-            (grown_rate, _, grown_one, grown_median) = figures[grown.name]
-            print(f"| {label[search]}, growing cache | {grown_rate / ct2_rate:.2f}x | "
-                  f"{grown_one / ct2_one:.2f}x | {grown_median / ct2_median:.2f}x |")
-        if kept is not None:
-            print(f"| {label[search]}, finished kept | "
-                  f"{figures[kept.name][0] / ct2_rate:.2f}x | | |")
-        if bf16 is not None:
-            (bf16_rate, _, bf16_one, bf16_median) = figures[bf16.name]
-            print(f"| {label[search]}, bfloat16 | {bf16_rate / ct2_rate:.2f}x | "
-                  f"{bf16_one / ct2_one:.2f}x | {bf16_median / ct2_median:.2f}x |")
-        if jit is not None:
-            (jit_rate, _, jit_one, jit_median) = figures[jit.name]
-            print(f"| {label[search]}, XLA | {jit_rate / ct2_rate:.2f}x | "
-                  f"{jit_one / ct2_one:.2f}x | {jit_median / ct2_median:.2f}x |")
+        ct2_rate, _, ct2_one, ct2_median = figures[theirs.name]
+        for engine, suffix in ((ours, ""), (grown, ", growing cache"), (kept, ", finished kept"),
+                               (bf16, ", bfloat16"), (jit, ", XLA")):
+            if engine is None:
+                continue
+            rate, _, rate_one, median = figures[engine.name]
+            if engine is kept:  # its batch-1 figures are `ours`'s (the same steps)
+                print(f"| {label[search]}{suffix} | {rate / ct2_rate:.2f}x | | |")
+            else:
+                print(f"| {label[search]}{suffix} | {rate / ct2_rate:.2f}x | "
+                      f"{rate_one / ct2_one:.2f}x | {median / ct2_median:.2f}x |")
     return 0
 
 

@@ -188,15 +188,16 @@ def with_dtype_policy(model, policy):
     ('bfloat16', 'float32')
     """
     policy = keras.dtype_policies.get(policy).name
-    layers = [layer for layer in model.layers if layer.name not in _FLOAT32_LAYERS
-              and not isinstance(layer, keras.layers.InputLayer)]
-    if all(layer.dtype_policy.name == policy for layer in layers):
-        return model
     config = model.get_config()
+    changed = False
     for layer_config in config["layers"]:
-        if (layer_config["class_name"] != "InputLayer"
-                and layer_config["name"] not in _FLOAT32_LAYERS):
-            layer_config["config"]["dtype"] = policy
+        name = layer_config["name"]
+        if layer_config["class_name"] == "InputLayer" or name in _FLOAT32_LAYERS:
+            continue
+        changed |= model.get_layer(name).dtype_policy.name != policy
+        layer_config["config"]["dtype"] = policy
+    if not changed:
+        return model
     converted = model.__class__.from_config(config)
     for source, target in zip(model.weights, converted.weights):
         if source.path != target.path:  # the same architecture, so the same order
