@@ -459,6 +459,70 @@ class BudgetCooldown(keras.callbacks.Callback):
             self.model.stop_training = True
 
 
+def set_dropout_rate(model, rate):
+    """Sets the rate of every `keras.layers.Dropout` in use in `model`, nested ones too.
+
+    "In use" means made with a rate > 0: a `Dropout` made with rate 0 (the feed-forward
+    layer's inner one by default, not in the paper) stays off, and Keras gave it no random
+    state to draw masks from anyway. A `fit` already under way keeps the rates its train
+    function was traced with: make it again (`model.make_train_function(force=True)`), as
+    `LateDropout` does.
+
+    Args:
+        model: a `keras.Model` (or layer).
+        rate: float in (0, 1), the new rate.
+
+    Returns:
+        int, the number of `Dropout` layers changed.
+    """
+    dropouts = [layer for layer in model._flatten_layers(include_self=False)
+                if isinstance(layer, keras.layers.Dropout) and layer.rate > 0]
+    for layer in dropouts:
+        layer.rate = float(rate)
+    return len(dropouts)
+
+
+class LateDropout(keras.callbacks.Callback):
+    """Raises every dropout rate of the model from a given epoch on ("late dropout").
+
+    A model that overfits its data learns fastest with little dropout and generalizes
+    better with more once it has learned (Liu et al., 2023, "Dropout Reduces
+    Underfitting": late dropout). From epoch `epoch` (0-based, as `fit` counts) on, every
+    `Dropout` in use (`set_dropout_rate`) gets `rate` and the train function is made again, so the steps use it
+    (a traced step keeps the rates it was traced with). A run shorter than `epoch + 1`
+    epochs is unaffected; a run resumed past `epoch` gets `rate` from its first epoch, so it
+    trains as if uninterrupted. Only training changes: inference never drops.
+
+    Args:
+        rate: float in (0, 1), the rate from epoch `epoch` on.
+        epoch: int >= 0, the first epoch (0-based) trained with `rate`.
+
+    References:
+        Liu et al., 2023, "Dropout Reduces Underfitting", ICML.
+    """
+
+    def __init__(self, rate, epoch):
+        super().__init__()
+        if not 0.0 < rate < 1.0:
+            raise ValueError(f"The late dropout `rate` must be in (0, 1). Received: {rate}")
+        if epoch < 0:
+            raise ValueError(f"The late dropout `epoch` must be >= 0. Received: {epoch}")
+        self.rate = float(rate)
+        self.epoch = int(epoch)
+        self.applied = False
+
+    def on_epoch_begin(self, epoch, logs=None):
+        if self.applied or epoch < self.epoch:
+            return
+        if not set_dropout_rate(self.model, self.rate):
+            raise ValueError("Late dropout needs a model with dropout in use (a rate > 0) to "
+                             "raise: this one has none.")
+        self.model.make_train_function(force=True)
+        self.applied = True
+        print(f"Late dropout: every Dropout layer's rate is {self.rate:g} from epoch "
+              f"{self.epoch + 1} on.", flush=True)
+
+
 class EpochCheckpoints(keras.callbacks.Callback):
     """Saves the model's weights after every epoch and keeps the last `keep` of them.
 

@@ -103,6 +103,15 @@ class TrainingConfig:
     dropout: float = _field(
         0.1, "Dropout rate on sublayer outputs, embeddings and attention weights."
     )
+    late_dropout: float | None = _field(
+        None, "Dropout rate after the first `late_dropout_after` epochs (a 'late dropout', "
+        "Liu et al., 2023: learn fast with `dropout`, then regularize more); every dropout "
+        "in use changes (LateDropout). None = off; needs dropout > 0."
+    )
+    late_dropout_after: int = _field(
+        0, "Epochs trained at `dropout` before `late_dropout` applies; a run that ends "
+        "sooner never changes."
+    )
     norm_first: bool = _field(
         False, "Pre-layer-norm blocks (True) instead of the paper's post-norm (False)."
     )
@@ -268,6 +277,13 @@ class TrainingConfig:
             raise ValueError(f"`lr_cooldown` must be in [0, 1]. Received: {self.lr_cooldown}")
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"`dropout` must be in [0, 1). Received: {self.dropout}")
+        if self.late_dropout is not None and not (
+                0.0 < self.late_dropout < 1.0 and self.dropout > 0 and self.late_dropout_after >= 1):
+            raise ValueError(
+                "`late_dropout` must be in (0, 1), with `dropout` > 0 (the dropouts it raises) "
+                "and `late_dropout_after` >= 1. Received: "
+                f"late_dropout={self.late_dropout}, dropout={self.dropout}, "
+                f"late_dropout_after={self.late_dropout_after}")
 
     @property
     def decoder_layers(self):

@@ -29,6 +29,7 @@ from keras_transformer.model import build_transformer
 from keras_transformer.text import load_tokenizers, train_tokenizers
 from keras_transformer.training.callbacks import (
     BleuCallback,
+    LateDropout,
     RunHistory,
     make_callbacks,
     plan_cooldown,
@@ -507,6 +508,8 @@ def train(
         cooldown_schedule=learning_rate_schedule(model.optimizer),
         cooldown_fraction=config.lr_cooldown if config.time_budget_minutes else 0.0,
     )
+    late_dropout = ([] if config.late_dropout is None
+                    else [LateDropout(config.late_dropout, epoch=config.late_dropout_after)])
     model.fit(
         train_ds,
         validation_data=val_ds,
@@ -514,7 +517,7 @@ def train(
         initial_epoch=initial_epoch,
         steps_per_epoch=steps_per_epoch,
         shuffle=False,  # the pipeline shuffles each epoch with its own seed
-        callbacks=run_callbacks + list(callbacks or []),
+        callbacks=run_callbacks + late_dropout + list(callbacks or []),
         # Other workers print one line per epoch: the chief's progress bar is the run's.
         verbose=verbose if chief else 2,
     )

@@ -322,3 +322,81 @@ def test_make_callbacks_plans_the_cooldown_only_within_a_budget(tmp_path):
     with pytest.raises(ValueError, match="time_budget_minutes"):
         make_callbacks(str(tmp_path), tensorboard=False, run_history=record,
                        cooldown_schedule=schedule, cooldown_fraction=0.3)
+
+
+def _dropout_probe(strategy=None, rate=0.01):
+    """A model whose loss is near 0 at dropout 0.01 and about 4 at 0.5 (seeded)."""
+    import tensorflow as tf
+
+    with (strategy or tf.distribute.get_strategy()).scope():
+        model = keras.Sequential([
+            keras.Input((4,)),
+            keras.layers.Dropout(rate, seed=3),
+            keras.layers.Dense(1, use_bias=False, kernel_initializer="ones", trainable=False),
+        ])
+        model.compile(optimizer="sgd", loss="mse")
+    return model, np.ones((8, 4)), np.full((8, 1), 4.0)
+
+
+@pytest.mark.parametrize("mirrored", [False, True])
+def test_late_dropout_raises_every_rate_at_its_epoch_and_the_steps_use_it(mirrored, capsys):
+    import tensorflow as tf
+
+    from keras_transformer.training.callbacks import LateDropout
+
+    strategy = tf.distribute.MirroredStrategy(["/cpu:0"]) if mirrored else None
+    model, x, y = _dropout_probe(strategy)
+    history = model.fit(x, y, batch_size=4, epochs=4, verbose=0,
+                        callbacks=[LateDropout(0.5, epoch=2)])
+    losses = history.history["loss"]
+    # The train function traced for epochs 1-2 drops at 0.01: epochs 3-4 drop at 0.5
+    # only if the switch made it again.
+    assert max(losses[:2]) < 0.3, losses
+    assert min(losses[2:]) > 1.0, losses
+    assert model.layers[0].rate == 0.5
+    assert "Late dropout: every Dropout layer's rate is 0.5 from epoch 3 on" in (
+        capsys.readouterr().out)
+
+
+def test_late_dropout_applies_at_once_to_a_run_resumed_past_its_epoch():
+    from keras_transformer.training.callbacks import LateDropout
+
+    model, x, y = _dropout_probe()
+    history = model.fit(x, y, batch_size=4, epochs=4, initial_epoch=3, verbose=0,
+                        callbacks=[LateDropout(0.5, epoch=2)])
+    assert history.history["loss"][0] > 1.0
+
+
+def test_late_dropout_needs_a_dropout_in_use():
+    from keras_transformer.training.callbacks import LateDropout
+
+    model, x, y = _dropout_probe(rate=0.0)
+    with pytest.raises(ValueError, match="dropout in use"):
+        model.fit(x, y, epochs=1, verbose=0, callbacks=[LateDropout(0.3, epoch=0)])
+
+
+def test_late_dropout_reaches_the_dropouts_inside_the_transformer_layers():
+    from keras_transformer.training.callbacks import set_dropout_rate
+
+    from keras_transformer import build_transformer
+
+    model = build_transformer(vocab_size=20, d_model=8, num_heads=2, ff_dim=16, num_layers=1,
+                              dropout=0.1, max_length=8)
+    dropouts = [layer for layer in model._flatten_layers(include_self=False)
+                if isinstance(layer, keras.layers.Dropout)]
+    # The shared embedding 1; the encoder block: attention weights, 2 sublayer outputs,
+    # feed-forward inner (made with rate 0: not in the paper); the decoder block: 2
+    # attentions' weights, 3 sublayer outputs, feed-forward inner.
+    assert len(dropouts) == 1 + 4 + 6
+    assert set_dropout_rate(model, 0.25) == 1 + 3 + 5
+    assert sorted(layer.rate for layer in dropouts) == [0.0] * 2 + [0.25] * 9
+
+
+def test_late_dropout_rejects_bad_arguments():
+    from keras_transformer.training.callbacks import LateDropout
+
+    for rate in (0.0, 1.0):
+        with pytest.raises(ValueError, match="rate"):
+            LateDropout(rate, epoch=2)
+    with pytest.raises(ValueError, match="epoch"):
+        LateDropout(0.3, epoch=-1)

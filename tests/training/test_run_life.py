@@ -215,3 +215,18 @@ def test_budgeted_cooldown_plans_the_schedule_and_a_cooled_run_is_finished(
     assert "cooled down to zero" in out and "nothing to train" in out
     assert read_run_history(tmp_path / "run" / "history.json")["epochs"] == 3
     assert (tmp_path / "run" / "config.json").read_text() == config_file  # nothing written
+
+
+def test_late_dropout_raises_the_rates_after_its_epochs(tmp_path, multi30k_tfds_dir, capsys):
+    import keras
+
+    config = get_preset("tiny").replace(
+        epochs=2, steps_per_epoch=None, train_subset=160, bleu_sentences=0, dropout=0.1,
+        late_dropout=0.3, late_dropout_after=1,
+    )
+    run = train(config, tmp_path / "run", data_dir=multi30k_tfds_dir, strategy="default",
+                report_padding=False, verbose=0)
+    rates = {layer.rate for layer in run.model._flatten_layers(include_self=False)
+             if isinstance(layer, keras.layers.Dropout)}
+    assert rates == {0.0, 0.3}  # the feed-forward layers' inner dropouts stay off
+    assert "rate is 0.3 from epoch 2 on" in capsys.readouterr().out
