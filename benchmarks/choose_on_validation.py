@@ -1,7 +1,7 @@
 """Choose a run's checkpoint and beam length penalty on the validation set alone.
 
     .venv/bin/python benchmarks/choose_on_validation.py runs/multi30k \
-        --checkpoints best,averaged --alphas 0.6,1.0 --beam-size 4
+        --checkpoints best,averaged --alphas 0.6,1.0,1.4 --beam-size 4
 
 For every checkpoint (`best`, `averaged`, `last`, `final`: see `keras-transformer export
 --checkpoint`; `averaged-K`: the mean of the run's last K epoch checkpoints, computed here
@@ -32,7 +32,8 @@ def _parse_args(argv):
     parser.add_argument("--checkpoints", default="best,averaged",
                         help="comma-separated checkpoints to compare (averaged-K: the mean "
                         "of the last K epochs)")
-    parser.add_argument("--alphas", default="0.6,1.0", help="comma-separated length penalties")
+    parser.add_argument("--alphas", default="0.6,1.0,1.4",
+                        help="comma-separated length penalties")
     parser.add_argument("--beam-size", type=int, default=4)
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--limit", type=int, help="only the first N validation sentences")

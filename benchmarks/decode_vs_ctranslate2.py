@@ -35,7 +35,7 @@ compiles the encoder and the search loop for batches of at most `jit_max_rows` d
 finished sentences staying in the batch and the decoder cache of a fixed size; larger batches
 take the regular search) and times it beside the others. XLA compiles once per (batch size,
 source width) pair, so that engine first translates every batch once untimed: the timed pass
-is a warm server's.
+is a warm server's. With `--compare-bf16` as well, the bfloat16 export is also timed with XLA.
 
 Run it alone on a quiet machine for figures worth recording (benchmarks/RESULTS.md).
 """
@@ -93,7 +93,8 @@ def _parse_args(argv):
                              "bfloat16`; fast only on CPUs with AVX-512 BF16 or AMX)")
     parser.add_argument("--compare-jit", action="store_true",
                         help="also time the XLA-compiled export (`export --jit`), warmed up "
-                             "on every batch shape first")
+                             "on every batch shape first (with --compare-bf16, the bfloat16 "
+                             "export too)")
     return parser.parse_args(argv)
 
 
@@ -279,14 +280,18 @@ def main(argv=None):
                        drop_finished=False)
         grown = variant(args.compare_growing_cache, "SavedModel, growing cache",
                         "export_grown", in_place_cache="none")
-        bf16 = None
+        bf16_model = None
         if args.compare_bf16:
             from keras_transformer.model import with_dtype_policy
 
-            bf16 = variant(True, "SavedModel, bfloat16", "export_bf16",
-                           variant_model=with_dtype_policy(model, "bfloat16"))
+            bf16_model = with_dtype_policy(model, "bfloat16")
+        bf16 = variant(bf16_model is not None, "SavedModel, bfloat16", "export_bf16",
+                       variant_model=bf16_model)
         jit = variant(args.compare_jit, "SavedModel, XLA (--jit)", "export_jit",
                       warm_every_batch=True, jit_compile=True)
+        bf16_jit = variant(args.compare_jit and bf16_model is not None,
+                           "SavedModel, bfloat16 + XLA", "export_bf16_jit",
+                           variant_model=bf16_model, warm_every_batch=True, jit_compile=True)
         theirs = CTranslate2Engine(
             ct2_dir, source_tokenizer.model_path, args.threads, args.beam_size, args.alpha,
             args.max_output_length, config.max_input_length, args.inter_threads)
@@ -319,7 +324,7 @@ def main(argv=None):
         latency_sources = sources[: args.latency_sentences]
         for search in SEARCHES:
             figures = {}
-            for engine in [e for e in (ours, grown, kept, bf16, jit, theirs) if e is not None]:
+            for engine in [e for e in (ours, grown, kept, bf16, jit, bf16_jit, theirs) if e is not None]:
                 rate, hypotheses = _throughput(engine, search, sources, args.batch_size,
                                                args.callers)
                 if engine is kept:  # batch 1: the same steps as `ours`
@@ -346,7 +351,8 @@ def main(argv=None):
     for search, figures in rows:
         ct2_rate, _, ct2_one, ct2_median = figures[theirs.name]
         for engine, suffix in ((ours, ""), (grown, ", growing cache"), (kept, ", finished kept"),
-                               (bf16, ", bfloat16"), (jit, ", XLA")):
+                               (bf16, ", bfloat16"), (jit, ", XLA"),
+                               (bf16_jit, ", bfloat16 + XLA")):
             if engine is None:
                 continue
             rate, _, rate_one, median = figures[engine.name]

@@ -488,37 +488,56 @@ class LateDropout(keras.callbacks.Callback):
     A model that overfits its data learns fastest with little dropout and generalizes
     better with more once it has learned (Liu et al., 2023, "Dropout Reduces
     Underfitting": late dropout). From epoch `epoch` (0-based, as `fit` counts) on, every
-    `Dropout` in use (`set_dropout_rate`) gets `rate` and the train function is made again, so the steps use it
-    (a traced step keeps the rates it was traced with). A run shorter than `epoch + 1`
-    epochs is unaffected; a run resumed past `epoch` gets `rate` from its first epoch, so it
-    trains as if uninterrupted. Only training changes: inference never drops.
+    `Dropout` in use (`set_dropout_rate`) gets `rate` and the train function is made again,
+    so the steps use it (a traced step keeps the rates it was traced with). The switch costs
+    BLEU for a few epochs before it pays (measured on Multi30K, RESULTS.md), so with
+    `min_epochs` it happens only in a run planned, after its first `epoch` epochs, to last
+    at least `min_epochs`: `planned_epochs(epoch)` says how long (say, what a time budget
+    predicted then, from the epoch times in `history.json`). The decision depends only on
+    those, so a run resumed past `epoch` decides as it did, and gets `rate` from its first
+    epoch if it switched. A run shorter than `epoch + 1` epochs is unaffected. Only
+    training changes: inference never drops.
 
     Args:
         rate: float in (0, 1), the rate from epoch `epoch` on.
         epoch: int >= 0, the first epoch (0-based) trained with `rate`.
+        min_epochs: int, switch only if the run is planned to last at least this many
+            epochs. Defaults to `0` (always).
+        planned_epochs: callable `(epochs_done) -> int`, the run's planned length after
+            `epochs_done` epochs; needed when `min_epochs` is set. Defaults to `None`.
 
     References:
         Liu et al., 2023, "Dropout Reduces Underfitting", ICML.
     """
 
-    def __init__(self, rate, epoch):
+    def __init__(self, rate, epoch, min_epochs=0, planned_epochs=None):
         super().__init__()
         if not 0.0 < rate < 1.0:
             raise ValueError(f"The late dropout `rate` must be in (0, 1). Received: {rate}")
         if epoch < 0:
             raise ValueError(f"The late dropout `epoch` must be >= 0. Received: {epoch}")
+        if min_epochs and planned_epochs is None:
+            raise ValueError("`min_epochs` needs `planned_epochs`, the run's planned length.")
         self.rate = float(rate)
         self.epoch = int(epoch)
-        self.applied = False
+        self.min_epochs = int(min_epochs)
+        self.planned_epochs = planned_epochs
+        self.decided = False
 
     def on_epoch_begin(self, epoch, logs=None):
-        if self.applied or epoch < self.epoch:
+        if self.decided or epoch < self.epoch:
             return
+        self.decided = True
+        if self.min_epochs:
+            planned = self.planned_epochs(self.epoch)
+            if planned < self.min_epochs:
+                print(f"Late dropout: not applied, the run is planned to last {planned} "
+                      f"epoch(s), fewer than {self.min_epochs}.", flush=True)
+                return
         if not set_dropout_rate(self.model, self.rate):
             raise ValueError("Late dropout needs a model with dropout in use (a rate > 0) to "
                              "raise: this one has none.")
         self.model.make_train_function(force=True)
-        self.applied = True
         print(f"Late dropout: every Dropout layer's rate is {self.rate:g} from epoch "
               f"{self.epoch + 1} on.", flush=True)
 

@@ -508,8 +508,13 @@ def train(
         cooldown_schedule=learning_rate_schedule(model.optimizer),
         cooldown_fraction=config.lr_cooldown if config.time_budget_minutes else 0.0,
     )
-    late_dropout = ([] if config.late_dropout is None
-                    else [LateDropout(config.late_dropout, epoch=config.late_dropout_after)])
+    late_dropout = []
+    if config.late_dropout is not None:
+        late_dropout.append(LateDropout(
+            config.late_dropout, epoch=config.late_dropout_after,
+            min_epochs=config.late_dropout_min_epochs,
+            planned_epochs=lambda done: planned_epochs(
+                config, run_history.epoch_seconds[:done], steps_per_epoch)))
     model.fit(
         train_ds,
         validation_data=val_ds,
@@ -535,6 +540,16 @@ def train(
         train_seconds=run_history.train_seconds,
         epochs_trained=len(run_history.epoch_seconds) - initial_epoch,
     )
+
+
+def planned_epochs(config, epoch_seconds, steps_per_epoch):
+    """How many epochs a run is planned to train after the epochs timed in `epoch_seconds`:
+    `config.epochs`, or with `time_budget_minutes` what the budget (and its cooldown
+    plan, which stays once the cooldown has begun) predicted then (`plan_cooldown`)."""
+    if config.time_budget_minutes is None:
+        return config.epochs
+    return plan_cooldown(epoch_seconds, config.time_budget_minutes, config.epochs,
+                         steps_per_epoch, config.lr_cooldown)[0]
 
 
 def build_from_spec(model, element_spec):

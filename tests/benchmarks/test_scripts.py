@@ -174,7 +174,7 @@ def test_decode_vs_ctranslate2_side_by_side_with_concurrent_callers(tiny_run):
         assert allocator.group(1) == "system", out
     engines = re.findall(r"^\| (beam 2|greedy) \| ([^|]+) \| \d+\.\d \| \d+\.\d \| \d+ \| "
                          r"(\d+\.\d\d) \|$", out, re.M)
-    assert len(engines) == 12, out
+    assert len(engines) == 14, out  # 7 engines, bfloat16 + XLA among them
     # The same model: dropping finished sentences, the cache's layout or XLA changes no
     # translation.
     bleu = {(search, engine.strip()): score for search, engine, score in engines}
@@ -190,4 +190,9 @@ def test_decode_vs_ctranslate2_side_by_side_with_concurrent_callers(tiny_run):
     assert (("greedy", "SavedModel, bfloat16") in bleu and
             re.search(r"^\| beam 2, bfloat16 \| \d+\.\d\dx \| \d+\.\d\dx \| \d+\.\d\dx \|$",
                       out, re.M)), out
+    # XLA of the bfloat16 model: its translations are the bfloat16 export's.
+    for search in ("beam 2", "greedy"):
+        assert bleu[(search, "SavedModel, bfloat16 + XLA")] == bleu[(search, "SavedModel, bfloat16")]
+    assert re.search(r"^\| greedy, bfloat16 \+ XLA \| \d+\.\d\dx \| \d+\.\d\dx \| \d+\.\d\dx \|$",
+                     out, re.M), out
     assert re.search(r"^\| beam 2 \| \d+\.\d\dx \| \d+\.\d\dx \| \d+\.\d\dx \|$", out, re.M), out

@@ -367,6 +367,31 @@ def test_late_dropout_applies_at_once_to_a_run_resumed_past_its_epoch():
     assert history.history["loss"][0] > 1.0
 
 
+@pytest.mark.parametrize("planned", [23, 24], ids=["short_run", "long_run"])
+def test_late_dropout_only_in_a_run_planned_long_enough(planned, capsys):
+    from keras_transformer.training.callbacks import LateDropout
+
+    asked = []
+
+    def planned_epochs(done):
+        asked.append(done)
+        return planned
+
+    model, x, y = _dropout_probe()
+    # Resumed past the switch: decided from the plan after epoch 2, as uninterrupted.
+    history = model.fit(x, y, batch_size=4, epochs=4, initial_epoch=3, verbose=0,
+                        callbacks=[LateDropout(0.5, epoch=2, min_epochs=24,
+                                               planned_epochs=planned_epochs)])
+    assert asked == [2]
+    switched = planned >= 24
+    assert model.layers[0].rate == (0.5 if switched else 0.01)
+    assert (history.history["loss"][0] > 1.0) == switched
+    out = capsys.readouterr().out
+    assert ("rate is 0.5 from epoch 3 on" in out) == switched
+    assert ("not applied, the run is planned to last 23 epoch(s), fewer than 24" in out) == (
+        not switched)
+
+
 def test_late_dropout_needs_a_dropout_in_use():
     from keras_transformer.training.callbacks import LateDropout
 
@@ -400,3 +425,5 @@ def test_late_dropout_rejects_bad_arguments():
             LateDropout(rate, epoch=2)
     with pytest.raises(ValueError, match="epoch"):
         LateDropout(0.3, epoch=-1)
+    with pytest.raises(ValueError, match="planned_epochs"):
+        LateDropout(0.3, epoch=2, min_epochs=10)

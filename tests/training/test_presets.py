@@ -47,7 +47,8 @@ def test_replace_overrides_and_validates():
         config.replace(tokens_per_batch=512)
     for late in ({"late_dropout": 1.0, "dropout": 0.1, "late_dropout_after": 3},
                  {"late_dropout": 0.3, "dropout": 0.0, "late_dropout_after": 3},
-                 {"late_dropout": 0.3, "dropout": 0.1, "late_dropout_after": 0}):
+                 {"late_dropout": 0.3, "dropout": 0.1, "late_dropout_after": 0},
+                 {"late_dropout_min_epochs": -1}):
         with pytest.raises(ValueError, match="late_dropout"):
             config.replace(**late)
 
