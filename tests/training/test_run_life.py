@@ -232,6 +232,16 @@ def test_late_dropout_raises_the_rates_after_its_epochs(tmp_path, multi30k_tfds_
     assert rates == {0.0, 0.3}  # the feed-forward layers' inner dropouts stay off
     assert "rate is 0.3 from epoch 2 on" in capsys.readouterr().out
 
+    # A run planned for fewer epochs than late_dropout_min_epochs keeps its dropout.
+    short = train(config.replace(late_dropout_min_epochs=3), tmp_path / "short",
+                  data_dir=multi30k_tfds_dir, strategy="default", report_padding=False,
+                  verbose=0)
+    rates = {layer.rate for layer in short.model._flatten_layers(include_self=False)
+             if isinstance(layer, keras.layers.Dropout)}
+    assert rates == {0.0, 0.1}
+    assert "not applied, the run is planned to last 2 epoch(s), fewer than 3" in (
+        capsys.readouterr().out)
+
 
 def test_planned_epochs_follow_the_budget_and_its_cooldown_plan():
     config = get_preset("tiny").replace(epochs=40)
