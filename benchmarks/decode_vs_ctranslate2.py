@@ -324,7 +324,8 @@ def main(argv=None):
         latency_sources = sources[: args.latency_sentences]
         for search in SEARCHES:
             figures = {}
-            for engine in [e for e in (ours, grown, kept, bf16, jit, bf16_jit, theirs) if e is not None]:
+            engines = (ours, grown, kept, bf16, jit, bf16_jit, theirs)
+            for engine in [e for e in engines if e is not None]:
                 rate, hypotheses = _throughput(engine, search, sources, args.batch_size,
                                                args.callers)
                 if engine is kept:  # batch 1: the same steps as `ours`

@@ -285,8 +285,9 @@ class TrainingConfig:
         if self.late_dropout_min_epochs < 0:
             raise ValueError("`late_dropout_min_epochs` must be >= 0. Received: "
                              f"{self.late_dropout_min_epochs}")
-        if self.late_dropout is not None and not (
-                0.0 < self.late_dropout < 1.0 and self.dropout > 0 and self.late_dropout_after >= 1):
+        if self.late_dropout is not None and not (0.0 < self.late_dropout < 1.0
+                                                  and self.dropout > 0
+                                                  and self.late_dropout_after >= 1):
             raise ValueError(
                 "`late_dropout` must be in (0, 1), with `dropout` > 0 (the dropouts it raises) "
                 "and `late_dropout_after` >= 1. Received: "

@@ -192,7 +192,8 @@ def test_decode_vs_ctranslate2_side_by_side_with_concurrent_callers(tiny_run):
                       out, re.M)), out
     # XLA of the bfloat16 model: its translations are the bfloat16 export's.
     for search in ("beam 2", "greedy"):
-        assert bleu[(search, "SavedModel, bfloat16 + XLA")] == bleu[(search, "SavedModel, bfloat16")]
-    assert re.search(r"^\| greedy, bfloat16 \+ XLA \| \d+\.\d\dx \| \d+\.\d\dx \| \d+\.\d\dx \|$",
-                     out, re.M), out
+        assert (bleu[(search, "SavedModel, bfloat16 + XLA")]
+                == bleu[(search, "SavedModel, bfloat16")])
+    assert re.search(r"^\| greedy, bfloat16 \+ XLA \| \d+\.\d\dx \| \d+\.\d\dx \| "
+                     r"\d+\.\d\dx \|$", out, re.M), out
     assert re.search(r"^\| beam 2 \| \d+\.\d\dx \| \d+\.\d\dx \| \d+\.\d\dx \|$", out, re.M), out
