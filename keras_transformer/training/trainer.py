@@ -415,9 +415,7 @@ def train(
               "larger time_budget_minutes to continue it).", flush=True)
         return _load_finished_run(config, output_dir, continue_from, previous)
     if continue_from is not None and config.lr_cooldown and config.time_budget_minutes and (
-            plan_cooldown(previous["epoch_seconds"], config.time_budget_minutes, config.epochs,
-                          1, config.lr_cooldown)[0] <= initial_epoch):
-        # (The number of epochs planned does not depend on the batches per epoch.)
+            planned_epochs(config, previous["epoch_seconds"]) <= initial_epoch):
         print(f"{output_dir} holds a run of {initial_epoch} epoch(s) whose learning rate "
               "cooled down to zero as its time budget of "
               f"{config.time_budget_minutes:g} minutes planned; nothing to train (set a "
@@ -513,8 +511,7 @@ def train(
         late_dropout.append(LateDropout(
             config.late_dropout, epoch=config.late_dropout_after,
             min_epochs=config.late_dropout_min_epochs,
-            planned_epochs=lambda done: planned_epochs(
-                config, run_history.epoch_seconds[:done], steps_per_epoch)))
+            planned_epochs=lambda done: planned_epochs(config, run_history.epoch_seconds[:done])))
     model.fit(
         train_ds,
         validation_data=val_ds,
@@ -542,14 +539,15 @@ def train(
     )
 
 
-def planned_epochs(config, epoch_seconds, steps_per_epoch):
+def planned_epochs(config, epoch_seconds):
     """How many epochs a run is planned to train after the epochs timed in `epoch_seconds`:
     `config.epochs`, or with `time_budget_minutes` what the budget (and its cooldown
-    plan, which stays once the cooldown has begun) predicted then (`plan_cooldown`)."""
+    plan, which stays once the cooldown has begun) predicted then (`plan_cooldown`; the
+    number of epochs it plans does not depend on the batches per epoch)."""
     if config.time_budget_minutes is None:
         return config.epochs
-    return plan_cooldown(epoch_seconds, config.time_budget_minutes, config.epochs,
-                         steps_per_epoch, config.lr_cooldown)[0]
+    return plan_cooldown(epoch_seconds, config.time_budget_minutes, config.epochs, 1,
+                         config.lr_cooldown)[0]
 
 
 def build_from_spec(model, element_spec):

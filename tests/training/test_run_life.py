@@ -245,13 +245,13 @@ def test_late_dropout_raises_the_rates_after_its_epochs(tmp_path, multi30k_tfds_
 
 def test_planned_epochs_follow_the_budget_and_its_cooldown_plan():
     config = get_preset("tiny").replace(epochs=40)
-    assert planned_epochs(config, [10.0] * 12, 100) == 40  # no budget: `epochs`
+    assert planned_epochs(config, [10.0] * 12) == 40  # no budget: `epochs`
     budget = config.replace(time_budget_minutes=10.0)
     # 12 epochs of 30 s took 6 of the 10 minutes: 8 more fit.
-    assert planned_epochs(budget, [30.0] * 12, 100) == 20
+    assert planned_epochs(budget, [30.0] * 12) == 20
     # Two faster epochs leave time for 9 more 30-s epochs (the longest predicts): 21 in
     # all, but a cooldown plan stays once its cooldown has begun: 20, planned after epoch
     # 10 (half of them done, so the cooldown's half had begun).
-    assert planned_epochs(budget, [30.0] * 10 + [5.0] * 2, 100) == 21
+    assert planned_epochs(budget, [30.0] * 10 + [5.0] * 2) == 21
     cooled = budget.replace(lr_cooldown=0.5)
-    assert planned_epochs(cooled, [30.0] * 10 + [5.0] * 2, 100) == 20
+    assert planned_epochs(cooled, [30.0] * 10 + [5.0] * 2) == 20
