@@ -443,7 +443,8 @@ class TransformerParts:
             cache = {"self": self._empty_self_cache(memory, fixed or 0)}
 
         def next_logits(tokens, cache, index, memory_state):
-            positions = ops.take(table, ops.reshape(index, (1,)), axis=0)  # (1, d_model)
+            positions = ops.slice(table, (ops.cast(index, "int32"), 0),
+                                  (1, ops.shape(table)[1]))  # (1, d_model)
             if cache_layout is not None:  # the layout's cache is the whole cache
                 return self._step(tokens, cache, memory_state, index, weights, positions,
                                   layout=cache_layout)
@@ -455,24 +456,49 @@ class TransformerParts:
         return next_logits, cache, memory_state
 
     def _step_weights(self):
-        """`(per block weights, (projection kernel, bias))`.
+        """The decoder's weights as a decoding step uses them, read once per search.
 
-        Per block: the fused self-attention Q/K/V kernel and bias (queries scaled by
-        1/sqrt(d_k), which folds the attention scale into the projection) and the
-        cross-attention query kernel and bias (scaled likewise).
+        Every projection is `(kernel, bias or None)` in the decoder's compute dtype; the
+        self-attention's Q/K/V kernels are fused side by side and the queries of both
+        attentions scaled by 1/sqrt(d_k) (which folds the attention scale into the
+        projection); layer norms are `(gamma, beta, epsilon)` in float32, the dtype Keras'
+        `LayerNormalization` computes in. Read outside the search loop, none of these costs a
+        variable read, reshape or cast per step.
+
+        Returns:
+            A dict: `"blocks"` (per block a dict of its projections and norms),
+            `"final_norm"` (norm weights or `None`), `"projection"` (the pre-softmax
+            `(kernel, bias)`) and `"embeddings"` (the target token table, float32).
         """
-        weights = []
+        blocks = []
         for block in self.decoder.blocks:
+            dtype = block.compute_dtype
             self_attention, cross_attention = block._self_attention, block._cross_attention
-            kernel, bias = _fused_projection(
-                self_attention, ("query", "key", "value"),
-                query_scale=self_attention._head_dim ** -0.5,
-            )
-            query_kernel, query_bias = _fused_projection(
-                cross_attention, ("query",), query_scale=cross_attention._head_dim ** -0.5
-            )
-            weights.append((kernel, bias, query_kernel, query_bias))
-        return weights, self._projection_kernel()
+            feed_forward = block._feed_forward
+            blocks.append({
+                "self_qkv": _cast_projection(_fused_projection(
+                    self_attention, ("query", "key", "value"),
+                    query_scale=self_attention._head_dim ** -0.5,
+                ), dtype),
+                "self_output": _dense_weights(self_attention._output_dense, dtype),
+                "cross_query": _cast_projection(_fused_projection(
+                    cross_attention, ("query",), query_scale=cross_attention._head_dim ** -0.5
+                ), dtype),
+                "cross_output": _dense_weights(cross_attention._output_dense, dtype),
+                "ff_inner": _dense_weights(feed_forward._inner_dense, dtype),
+                "ff_output": _dense_weights(feed_forward._output_dense, dtype),
+                "norms": {name: _norm_weights(getattr(block, f"_{name}_norm"))
+                          for name in ("self_attention", "cross_attention", "feed_forward")},
+            })
+        final_norm = self.decoder._final_norm
+        return {
+            "blocks": blocks,
+            "final_norm": None if final_norm is None else _norm_weights(final_norm),
+            "projection": _cast_projection(self._projection_kernel(),
+                                           self.decoder.compute_dtype),
+            # `convert_to_tensor` would pass the variable itself on, read at every step.
+            "embeddings": ops.copy(self.target_embedding.embeddings),
+        }
 
     def _position_table(self, length):
         """Position encodings of positions `0 .. length - 1`, `(length, d_model)`."""
@@ -495,9 +521,9 @@ class TransformerParts:
         `layout` (`decoding.InPlaceCache`), that layout's cache.
         """
         embedding = self.target_embedding
-        table = ops.convert_to_tensor(embedding.embeddings)
-        # The table is a float32 variable: compute in the policy's dtype, as the layers do.
-        x = ops.cast(ops.take(table, ops.reshape(ops.cast(tokens, "int32"), (-1,)), axis=0),
+        # The table is float32: compute in the policy's dtype, as the layers do.
+        x = ops.cast(ops.take(weights["embeddings"], ops.reshape(ops.cast(tokens, "int32"),
+                                                                  (-1,)), axis=0),
                      embedding.compute_dtype)  # (N, d)
         if embedding.scale_embeddings:
             x = x * ops.cast(math.sqrt(embedding.d_model), x.dtype)
@@ -507,24 +533,26 @@ class TransformerParts:
             ops.arange(fixed)[None, None, None, :] <= ops.cast(index, "int32"),
             0.0, masking.large_negative("float32"))
         new_cache = []
-        block_weights_list, (projection_kernel, projection_bias) = weights
         if layout is None:
             block_caches, store = self_cache, None
         else:
             buffers = self_cache["buffers"]
             block_caches = tuple(zip(buffers[::2], buffers[1::2]))
             store = (layout, layout.plan(self_cache, index, ops.shape(x)[0]))
+        # The queries of a sentence's beams attend its memory together: (B, K, H, d_k).
+        memory_bias = memory_state["bias"]  # (B, 1, 1, S)
+        sentences = ops.shape(memory_bias)[0]
         for block, block_weights, block_cache, cross in zip(
-            self.decoder.blocks, block_weights_list, block_caches, memory_state["cross"]
+            self.decoder.blocks, weights["blocks"], block_caches, memory_state["cross"]
         ):
             x, block_cache = _decoder_block_step(
-                block, block_weights, x, block_cache, cross, memory_state["bias"], index,
+                block, block_weights, x, block_cache, cross, memory_bias, sentences, index,
                 self_bias, store
             )
             new_cache.append(block_cache)
-        if self.decoder._final_norm is not None:
-            x = self.decoder._final_norm(x)
-        logits = ops.cast(_linear(x, projection_kernel, projection_bias), "float32")  # (N, V)
+        if weights["final_norm"] is not None:
+            x = _layer_norm(x, weights["final_norm"])
+        logits = ops.cast(_linear(x, *weights["projection"]), "float32")  # (N, V)
         if layout is None:
             return logits, tuple(new_cache)
         buffers = tuple(buffer for keys_values in new_cache for buffer in keys_values)
@@ -571,9 +599,56 @@ def _fused_projection(attention, names, query_scale=None):
 
 
 def _linear(x, kernel, bias):
-    """`x @ kernel + bias` in `x`'s dtype."""
+    """`x @ kernel + bias` in `x`'s dtype (a `BiasAdd`, which TensorFlow fuses into the
+    matmul; a cast of a kernel already in that dtype adds no op)."""
     y = ops.matmul(x, ops.cast(kernel, x.dtype))
-    return y if bias is None else y + ops.cast(bias, x.dtype)
+    return y if bias is None else ops.add(y, ops.cast(bias, x.dtype))
+
+
+def _cast_projection(projection, dtype):
+    """`(kernel, bias or None)` cast to `dtype`."""
+    kernel, bias = projection
+    return ops.cast(kernel, dtype), None if bias is None else ops.cast(bias, dtype)
+
+
+def _dense_weights(dense, dtype):
+    """A `Dense` layer's `(kernel, bias or None)` in `dtype`."""
+    return _cast_projection((ops.convert_to_tensor(dense.kernel),
+                             ops.convert_to_tensor(dense.bias) if dense.use_bias else None),
+                            dtype)
+
+
+def _norm_weights(norm):
+    """A `LayerNormalization`'s `(gamma, beta, epsilon)`, float32 (`None` where it has
+    none); only a norm over the last axis, without RMS scaling, as the blocks build."""
+    if norm.rms_scaling or norm.axis not in (-1, [-1]):
+        raise NotImplementedError(f"The decoding step has no form of {norm.name}'s "
+                                  "LayerNormalization (RMS scaling or an axis but the last).")
+    gamma = None if norm.gamma is None else ops.cast(norm.gamma, "float32")
+    beta = None if norm.beta is None else ops.cast(norm.beta, "float32")
+    return gamma, beta, norm.epsilon
+
+
+def _layer_norm(x, norm):
+    """Keras' `LayerNormalization` over the last axis with `_norm_weights` read once per
+    search: in float32, as that layer computes, the result in `x`'s dtype.
+
+    Nine ops where the layer's call has about sixteen (it reads and reshapes its weights
+    every time); the same arithmetic up to rounding (`(x - mean) * (inv * gamma) + beta`
+    where the layer computes `x * (inv * gamma) + (beta - mean * inv * gamma)`).
+    """
+    gamma, beta, epsilon = norm
+    y = ops.cast(x, "float32")
+    mean = ops.mean(y, axis=-1, keepdims=True)
+    centered = y - mean
+    variance = ops.mean(ops.square(centered), axis=-1, keepdims=True)
+    scale = ops.rsqrt(variance + epsilon)
+    if gamma is not None:
+        scale = scale * gamma
+    y = centered * scale
+    if beta is not None:
+        y = y + beta
+    return ops.cast(y, x.dtype)
 
 
 def _heads(x, num_heads):
@@ -601,49 +676,54 @@ def _single_query_attention(queries, keys, values, bias=None):
 
     Written with elementwise products and sums: for a single query, the batched matmuls and
     the softmax that TensorFlow hands to oneDNN cost a fixed ~100-200 us each (measured with
-    benchmarks/profile_decoder.py), more than the arithmetic.
+    benchmarks/profile_decoder.py), more than the arithmetic. The weights keep a trailing
+    axis of 1 (`(N, H, t, 1)`), so broadcasting needs no reshape.
     """
-    logits = ops.sum(ops.cast(queries, "float32") * ops.cast(keys, "float32"), axis=-1)  # (N, H, t)
+    logits = ops.sum(ops.cast(queries, "float32") * ops.cast(keys, "float32"), axis=-1,
+                     keepdims=True)  # (N, H, t, 1)
     if bias is not None:
-        logits = logits + bias[..., 0, :]
-    logits = logits - ops.max(logits, axis=-1, keepdims=True)
+        logits = logits + ops.swapaxes(bias, -1, -2)  # (.., t, 1)
+    logits = logits - ops.max(logits, axis=-2, keepdims=True)
     exp = ops.exp(logits)
-    weights = ops.cast(exp / ops.sum(exp, axis=-1, keepdims=True), values.dtype)  # (N, H, t)
-    return ops.sum(weights[..., None] * values, axis=-2, keepdims=True)  # (N, H, 1, d_k)
+    weights = ops.cast(exp / ops.sum(exp, axis=-2, keepdims=True), values.dtype)
+    return ops.sum(weights * values, axis=-2, keepdims=True)  # (N, H, 1, d_k)
 
 
 def _time_major_attention(queries, keys, values):
     """`_single_query_attention` over time-major keys/values: `(N, H, d_k)` queries (already
-    scaled) over `(t, N, H, d_k)`; returns `(N, H, d_k)`."""
-    logits = ops.sum(ops.cast(queries, "float32")[None] * ops.cast(keys, "float32"),
-                     axis=-1)  # (t, N, H)
+    scaled) over `(t, N, H, d_k)`; returns `(N, H, d_k)`. The weights keep a trailing axis
+    of 1 (`(t, N, H, 1)`), so broadcasting needs no reshape."""
+    logits = ops.sum(ops.cast(queries, "float32") * ops.cast(keys, "float32"), axis=-1,
+                     keepdims=True)  # (t, N, H, 1)
     logits = logits - ops.max(logits, axis=0, keepdims=True)
     exp = ops.exp(logits)
-    weights = ops.cast(exp / ops.sum(exp, axis=0, keepdims=True), values.dtype)  # (t, N, H)
-    return ops.sum(weights[..., None] * values, axis=0)  # (N, H, d_k)
+    weights = ops.cast(exp / ops.sum(exp, axis=0, keepdims=True), values.dtype)
+    return ops.sum(weights * values, axis=0)  # (N, H, d_k)
 
 
-def _decoder_block_step(block, weights, x, self_cache, cross, memory_bias, index,
+def _decoder_block_step(block, weights, x, self_cache, cross, memory_bias, sentences, index,
                         self_bias=None, store=None):
-    """One `DecoderBlock` on `(N, d)` rows.
+    """One `DecoderBlock` on `(N, d)` rows, with `weights` from `TransformerParts._step_weights`.
 
-    The self-attention cache grows by concatenation, or with `self_bias` (the mask of the
-    written positions of a fixed-size cache) is written in place at `index`, or with
-    `store` (`(InPlaceCache, its plan for this step)`) is a pair of time-major buffers
-    written in place by that layout.
+    The block's arithmetic at inference (dropout is the identity), written for one position
+    with no reshape whose shape is computed per step. The self-attention cache grows by
+    concatenation, or with `self_bias` (the mask of the written positions of a fixed-size
+    cache) is written in place at `index`, or with `store` (`(InPlaceCache, its plan for
+    this step)`) is a pair of time-major buffers written in place by that layout.
+    `sentences`: the memory's rows `B` (`N = B * K` for `K` adjacent beams per sentence).
 
     Returns:
         `(x (N, d), (keys, values))`, `(N, H, t + 1, d_k)`, the fixed size or the buffers.
     """
-    kernel, bias, query_kernel, query_bias = weights
-    self_attention, cross_attention = block._self_attention, block._cross_attention
-    num_heads = self_attention.num_heads
-    rows = ops.shape(x)[0]
+    self_attention = block._self_attention
+    num_heads, head_dim = self_attention.num_heads, self_attention._head_dim
+    width = num_heads * head_dim
+    norms = weights["norms"]
 
     def self_attend(h):
         if store is not None:
             layout, plan = store
-            qkv = ops.reshape(_linear(h, kernel, bias), (rows, 3, num_heads, -1))
+            qkv = ops.reshape(_linear(h, *weights["self_qkv"]), (-1, 3, num_heads, head_dim))
             queries, new_keys, new_values = ops.unstack(qkv, axis=1)  # (N, H, d_k) each
             keys = layout.append(plan, self_cache[0], new_keys)  # (T_max * R, H, d_k)
             values = layout.append(plan, self_cache[1], new_values)
@@ -651,7 +731,8 @@ def _decoder_block_step(block, weights, x, self_cache, cross, memory_bias, index
                 queries, layout.read(plan, keys), layout.read(plan, values)
             )  # (N, H, d_k)
         else:
-            qkv = ops.reshape(_linear(h, kernel, bias), (rows, 3, num_heads, 1, -1))
+            qkv = ops.reshape(_linear(h, *weights["self_qkv"]),
+                              (-1, 3, num_heads, 1, head_dim))
             queries, new_keys, new_values = ops.unstack(qkv, axis=1)  # (N, H, 1, d_k) each
             if self_bias is None:
                 keys = ops.concatenate([self_cache[0], new_keys], axis=2)  # (N, H, t + 1, d_k)
@@ -663,24 +744,34 @@ def _decoder_block_step(block, weights, x, self_cache, cross, memory_bias, index
                 values = ops.slice_update(self_cache[1], start, new_values)
             outputs = _single_query_attention(queries, keys, values,
                                               self_bias)  # (N, H, 1, d_k)
-        outputs = ops.reshape(outputs, (rows, -1))
-        dense = self_attention._output_dense
-        return _linear(outputs, dense.kernel, dense.bias if dense.use_bias else None), (
-            keys, values)
+        outputs = _linear(ops.reshape(outputs, (-1, width)), *weights["self_output"])
+        return outputs, (keys, values)
 
     def cross_attend(h):
         # The K beams of a sentence attend its memory together, as K query positions.
         memory_keys, memory_values = cross  # (B, H, S, d_k)
-        batch = ops.shape(memory_keys)[0]
-        queries = ops.reshape(_linear(h, query_kernel, query_bias), (batch, -1, num_heads,
-                                                                      cross_attention._head_dim))
+        queries = ops.reshape(_linear(h, *weights["cross_query"]),
+                              (sentences, -1, num_heads, head_dim))
         queries = ops.transpose(queries, (0, 2, 1, 3))  # (B, H, K, d_k)
         outputs = _attention(queries, memory_keys, memory_values, memory_bias)  # (B, H, K, d_k)
-        outputs = ops.reshape(ops.transpose(outputs, (0, 2, 1, 3)), (rows, -1))  # (N, H d_k)
-        dense = cross_attention._output_dense
-        return _linear(outputs, dense.kernel, dense.bias if dense.use_bias else None)
+        outputs = ops.reshape(ops.transpose(outputs, (0, 2, 1, 3)), (-1, width))  # (N, H d_k)
+        return _linear(outputs, *weights["cross_output"])
 
-    x, (new_cache,) = block._sublayer("self_attention", x, self_attend, False)
-    x, _ = block._sublayer("cross_attention", x, cross_attend, False)
-    x = block._feed_forward_sublayer(x, False)
+    def feed_forward(h):
+        inner = block._feed_forward._inner_dense.activation(_linear(h, *weights["ff_inner"]))
+        return _linear(inner, *weights["ff_output"])
+
+    def sublayer(x, function, norm):
+        # Post-norm (the paper): norm(x + f(x)); pre-norm: x + f(norm(x)).
+        if block.norm_first:
+            result = function(_layer_norm(x, norm))
+        else:
+            result = function(x)
+        outputs, extras = result if isinstance(result, tuple) else (result, None)
+        outputs = x + outputs
+        return (outputs if block.norm_first else _layer_norm(outputs, norm)), extras
+
+    x, new_cache = sublayer(x, self_attend, norms["self_attention"])
+    x, _ = sublayer(x, cross_attend, norms["cross_attention"])
+    x, _ = sublayer(x, feed_forward, norms["feed_forward"])
     return x, new_cache

@@ -191,6 +191,50 @@ def test_in_place_cache_changes_no_output(copy_task, random_model, search):
             np.testing.assert_allclose(score, grown_score, rtol=1e-4, atol=1e-4)
 
 
+def loop_body_ops(concrete_function):
+    """The op types in the bodies of every `While` of `concrete_function`'s graph, with the
+    functions their nodes call (`If` branches and the like) counted inside."""
+    library = {f.signature.name: f for f in concrete_function.graph.as_graph_def().library.function}
+
+    def callees(node):
+        names = [value.func.name for value in node.attr.values() if value.HasField("func")]
+        return names + [f.name for value in node.attr.values() for f in value.list.func]
+
+    def ops_in(function):
+        found = []
+        for node in function.node_def:
+            found.append(node.op)
+            for name in callees(node):
+                found += ops_in(library[name])
+        return found
+
+    bodies = [library[node.attr["body"].func.name] for function in library.values()
+              for node in function.node_def if node.op in ("While", "StatelessWhile")]
+    bodies += [library[node.attr["body"].func.name]
+               for node in concrete_function.graph.as_graph_def().node
+               if node.op in ("While", "StatelessWhile")]
+    assert bodies, "no search loop found"
+    return [op for body in bodies for op in ops_in(body)]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("search", ["greedy", "beam"])
+def test_search_loop_reads_no_variable(copy_task, search, dtype):
+    """The step's weights (fused, scaled, cast to the compute dtype) are read once per
+    search, outside the loop: no variable read, no embedding-table gather from a variable,
+    in any step (the loop ran 44 `ReadVariableOp`s per step of the reference shape before)."""
+    from keras_transformer.model import with_dtype_policy
+
+    model = copy_task.model if dtype == "float32" else with_dtype_policy(copy_task.model,
+                                                                          dtype)
+    translator = copy_task.translator(model, search=search, beam_size=3)
+    ops = loop_body_ops(translator.translate.get_concrete_function())
+    assert "MatMul" in ops  # the decoder step is in the loop
+    reads = [op for op in ops if op in ("ReadVariableOp", "ResourceGather")]
+    assert reads == []
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("search", ["greedy", "beam", "greedy_uncached", "sample"])
 def test_random_model_that_never_ends_stops_at_the_bound(copy_task, random_model, search):
