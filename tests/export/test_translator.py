@@ -1,4 +1,5 @@
-"""`Translator` in process: searches agree with each other, batching changes nothing, bounds hold."""
+"""`Translator` in process: searches agree with each other, batching changes nothing, bounds
+hold, the search loop reads no variable."""
 
 import numpy as np
 import pytest
