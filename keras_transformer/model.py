@@ -328,17 +328,19 @@ class TransformerParts:
             memory, memory_mask)}
 
     def memory_state(self, memory, memory_mask):
-        """Every block's cross-attention keys/values `(B, H, S, d_k)` and the padding bias."""
+        """Every block's cross-attention keys/values `(B, 1, H, S, d_k)` (the axis of 1 for
+        the beams of a sentence) and the padding bias `(B, 1, 1, S, 1)`."""
         cross = []
         for block in self.decoder.blocks:
             kernel, bias = _fused_projection(block._cross_attention, ("key", "value"))
             keys_values = _linear(memory, kernel, bias)  # (B, S, 2 * H * d_k)
             keys, values = ops.split(keys_values, 2, axis=-1)
-            cross.append((_heads(keys, block.num_heads), _heads(values, block.num_heads)))
+            cross.append(tuple(ops.expand_dims(_heads(tensor, block.num_heads), 1)
+                               for tensor in (keys, values)))  # (B, 1, H, S, d_k) each
         # Additive bias: 0 on real source tokens, a large negative on padding.
         bias = ops.where(
             ops.cast(memory_mask, "bool"), 0.0, masking.large_negative("float32")
-        )[:, None, None, :]  # (B, 1, 1, S)
+        )[:, None, None, :, None]  # (B, 1, 1, S, 1)
         return {"cross": tuple(cross), "bias": bias}
 
     def _empty_self_cache(self, memory, length=0):
@@ -540,7 +542,7 @@ class TransformerParts:
             block_caches = tuple(zip(buffers[::2], buffers[1::2]))
             store = (layout, layout.plan(self_cache, index, ops.shape(x)[0]))
         # The queries of a sentence's beams attend its memory together: (B, K, H, d_k).
-        memory_bias = memory_state["bias"]  # (B, 1, 1, S)
+        memory_bias = memory_state["bias"]  # (B, 1, 1, S, 1)
         sentences = ops.shape(memory_bias)[0]
         for block, block_weights, block_cache, cross in zip(
             self.decoder.blocks, weights["blocks"], block_caches, memory_state["cross"]
@@ -748,14 +750,19 @@ def _decoder_block_step(block, weights, x, self_cache, cross, memory_bias, sente
         return outputs, (keys, values)
 
     def cross_attend(h):
-        # The K beams of a sentence attend its memory together, as K query positions.
-        memory_keys, memory_values = cross  # (B, H, S, d_k)
+        # The K beams of a sentence attend its memory together, with elementwise products
+        # and sums (as `_single_query_attention`; a batched matmul and softmax cost more for
+        # a few queries) in a layout that needs no transpose.
+        memory_keys, memory_values = cross  # (B, 1, H, S, d_k)
         queries = ops.reshape(_linear(h, *weights["cross_query"]),
-                              (sentences, -1, num_heads, head_dim))
-        queries = ops.transpose(queries, (0, 2, 1, 3))  # (B, H, K, d_k)
-        outputs = _attention(queries, memory_keys, memory_values, memory_bias)  # (B, H, K, d_k)
-        outputs = ops.reshape(ops.transpose(outputs, (0, 2, 1, 3)), (-1, width))  # (N, H d_k)
-        return _linear(outputs, *weights["cross_output"])
+                              (sentences, -1, num_heads, 1, head_dim))  # (B, K, H, 1, d_k)
+        logits = ops.sum(ops.cast(queries, "float32") * ops.cast(memory_keys, "float32"),
+                         axis=-1, keepdims=True) + memory_bias  # (B, K, H, S, 1)
+        logits = logits - ops.max(logits, axis=-2, keepdims=True)
+        exp = ops.exp(logits)
+        attention = ops.cast(exp / ops.sum(exp, axis=-2, keepdims=True), memory_values.dtype)
+        outputs = ops.sum(attention * memory_values, axis=-2)  # (B, K, H, d_k)
+        return _linear(ops.reshape(outputs, (-1, width)), *weights["cross_output"])
 
     def feed_forward(h):
         inner = block._feed_forward._inner_dense.activation(_linear(h, *weights["ff_inner"]))
