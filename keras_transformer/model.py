@@ -1,7 +1,6 @@
 """`build_transformer`: the encoder-decoder Transformer as a Keras functional model."""
 
 import math
-import warnings
 
 import keras
 from keras import ops
@@ -660,21 +659,9 @@ def _heads(x, num_heads):
     return ops.transpose(x, (0, 2, 1, 3))
 
 
-def _attention(queries, keys, values, bias=None):
-    """softmax(Q K^T + bias) V on `(.., H, T, d_k)` heads (Q already scaled); logits float32."""
-    logits = ops.matmul(ops.cast(queries, "float32"),
-                        ops.swapaxes(ops.cast(keys, "float32"), -1, -2))  # (.., H, T, S)
-    if bias is not None:
-        logits = logits + bias
-    with warnings.catch_warnings():
-        # At the first step the key axis has one position; Keras warns about a size-1 softmax.
-        warnings.simplefilter("ignore", UserWarning)
-        weights = ops.cast(ops.softmax(logits, axis=-1), values.dtype)
-    return ops.matmul(weights, values)  # (.., H, T, d_k)
-
-
 def _single_query_attention(queries, keys, values, bias=None):
-    """`_attention` for one query per row, `(N, H, 1, d_k)` over `(N, H, t, d_k)`.
+    """softmax(Q K^T + bias) V for one query per row (already scaled), `(N, H, 1, d_k)` over
+    `(N, H, t, d_k)`; logits float32.
 
     Written with elementwise products and sums: for a single query, the batched matmuls and
     the softmax that TensorFlow hands to oneDNN cost a fixed ~100-200 us each (measured with
