@@ -540,7 +540,7 @@ class TransformerParts:
             buffers = self_cache["buffers"]
             block_caches = tuple(zip(buffers[::2], buffers[1::2]))
             store = (layout, layout.plan(self_cache, index, ops.shape(x)[0]))
-        # The queries of a sentence's beams attend its memory together: (B, K, H, d_k).
+        # The K beams of a sentence attend its memory (B rows) together.
         memory_bias = memory_state["bias"]  # (B, 1, 1, S, 1)
         sentences = ops.shape(memory_bias)[0]
         for block, block_weights, block_cache, cross in zip(
