@@ -7,6 +7,7 @@ from keras import ops
 
 from keras_transformer.layers import Decoder, Encoder, PositionalEmbedding, masking
 from keras_transformer.layers.positional_embedding import sinusoidal_encoding
+from keras_transformer.layers.utils import sublayer_connection
 
 ENCODER_INPUT = "encoder_tokens"
 DECODER_INPUT = "decoder_tokens"
@@ -659,35 +660,27 @@ def _heads(x, num_heads):
     return ops.transpose(x, (0, 2, 1, 3))
 
 
-def _single_query_attention(queries, keys, values, bias=None):
-    """softmax(Q K^T + bias) V for one query per row (already scaled), `(N, H, 1, d_k)` over
-    `(N, H, t, d_k)`; logits float32.
+def _elementwise_attention(queries, keys, values, axis, bias=None, keepdims=False):
+    """softmax(Q K^T + bias) V for a few queries per row, with elementwise products and sums.
 
-    Written with elementwise products and sums: for a single query, the batched matmuls and
-    the softmax that TensorFlow hands to oneDNN cost a fixed ~100-200 us each (measured with
-    benchmarks/profile_decoder.py), more than the arithmetic. The weights keep a trailing
-    axis of 1 (`(N, H, t, 1)`), so broadcasting needs no reshape.
+    For one query (or the K of a sentence's beams) the batched matmuls and the softmax that
+    TensorFlow hands to oneDNN cost a fixed ~100-200 us each (measured with
+    benchmarks/profile_decoder.py), more than the arithmetic. `queries` (already scaled)
+    broadcast against `keys` and `values`, whose key positions lie on `axis`; the logits
+    (float32) keep a trailing axis of 1 in place of `d_k`, so that neither they nor the
+    weights need a reshape, and `bias` broadcasts against them.
+
+    Returns:
+        The weighted values, summed over `axis` (kept with `keepdims`).
     """
     logits = ops.sum(ops.cast(queries, "float32") * ops.cast(keys, "float32"), axis=-1,
-                     keepdims=True)  # (N, H, t, 1)
+                     keepdims=True)
     if bias is not None:
-        logits = logits + ops.swapaxes(bias, -1, -2)  # (.., t, 1)
-    logits = logits - ops.max(logits, axis=-2, keepdims=True)
+        logits = logits + bias
+    logits = logits - ops.max(logits, axis=axis, keepdims=True)
     exp = ops.exp(logits)
-    weights = ops.cast(exp / ops.sum(exp, axis=-2, keepdims=True), values.dtype)
-    return ops.sum(weights * values, axis=-2, keepdims=True)  # (N, H, 1, d_k)
-
-
-def _time_major_attention(queries, keys, values):
-    """`_single_query_attention` over time-major keys/values: `(N, H, d_k)` queries (already
-    scaled) over `(t, N, H, d_k)`; returns `(N, H, d_k)`. The weights keep a trailing axis
-    of 1 (`(t, N, H, 1)`), so broadcasting needs no reshape."""
-    logits = ops.sum(ops.cast(queries, "float32") * ops.cast(keys, "float32"), axis=-1,
-                     keepdims=True)  # (t, N, H, 1)
-    logits = logits - ops.max(logits, axis=0, keepdims=True)
-    exp = ops.exp(logits)
-    weights = ops.cast(exp / ops.sum(exp, axis=0, keepdims=True), values.dtype)
-    return ops.sum(weights * values, axis=0)  # (N, H, d_k)
+    weights = ops.cast(exp / ops.sum(exp, axis=axis, keepdims=True), values.dtype)
+    return ops.sum(weights * values, axis=axis, keepdims=keepdims)
 
 
 def _decoder_block_step(block, weights, x, self_cache, cross, memory_bias, sentences, index,
@@ -716,8 +709,9 @@ def _decoder_block_step(block, weights, x, self_cache, cross, memory_bias, sente
             queries, new_keys, new_values = ops.unstack(qkv, axis=1)  # (N, H, d_k) each
             keys = layout.append(plan, self_cache[0], new_keys)  # (T_max * R, H, d_k)
             values = layout.append(plan, self_cache[1], new_values)
-            outputs = _time_major_attention(
-                queries, layout.read(plan, keys), layout.read(plan, values)
+            # (N, H, d_k) queries over time-major (t, N, H, d_k) keys and values.
+            outputs = _elementwise_attention(
+                queries, layout.read(plan, keys), layout.read(plan, values), axis=0
             )  # (N, H, d_k)
         else:
             qkv = ops.reshape(_linear(h, *weights["self_qkv"]),
@@ -731,41 +725,36 @@ def _decoder_block_step(block, weights, x, self_cache, cross, memory_bias, sente
                 start = [zero, zero, ops.cast(index, "int32"), zero]
                 keys = ops.slice_update(self_cache[0], start, new_keys)  # (N, H, T_max, d_k)
                 values = ops.slice_update(self_cache[1], start, new_values)
-            outputs = _single_query_attention(queries, keys, values,
-                                              self_bias)  # (N, H, 1, d_k)
+            outputs = _elementwise_attention(
+                queries, keys, values, axis=-2, keepdims=True,
+                bias=None if self_bias is None else ops.swapaxes(self_bias, -1, -2),
+            )  # (N, H, 1, d_k) over (N, H, t, d_k)
         outputs = _linear(ops.reshape(outputs, (-1, width)), *weights["self_output"])
         return outputs, (keys, values)
 
     def cross_attend(h):
-        # The K beams of a sentence attend its memory together, with elementwise products
-        # and sums (as `_single_query_attention`; a batched matmul and softmax cost more for
-        # a few queries) in a layout that needs no transpose.
+        # The K beams of a sentence attend its memory together, in a layout that needs no
+        # transpose.
         memory_keys, memory_values = cross  # (B, 1, H, S, d_k)
         queries = ops.reshape(_linear(h, *weights["cross_query"]),
                               (sentences, -1, num_heads, 1, head_dim))  # (B, K, H, 1, d_k)
-        logits = ops.sum(ops.cast(queries, "float32") * ops.cast(memory_keys, "float32"),
-                         axis=-1, keepdims=True) + memory_bias  # (B, K, H, S, 1)
-        logits = logits - ops.max(logits, axis=-2, keepdims=True)
-        exp = ops.exp(logits)
-        attention = ops.cast(exp / ops.sum(exp, axis=-2, keepdims=True), memory_values.dtype)
-        outputs = ops.sum(attention * memory_values, axis=-2)  # (B, K, H, d_k)
+        outputs = _elementwise_attention(queries, memory_keys, memory_values, axis=-2,
+                                         bias=memory_bias)  # (B, K, H, d_k)
         return _linear(ops.reshape(outputs, (-1, width)), *weights["cross_output"])
 
     def feed_forward(h):
         inner = block._feed_forward._inner_dense.activation(_linear(h, *weights["ff_inner"]))
         return _linear(inner, *weights["ff_output"])
 
-    def sublayer(x, function, norm):
-        # Post-norm (the paper): norm(x + f(x)); pre-norm: x + f(norm(x)).
-        if block.norm_first:
-            result = function(_layer_norm(x, norm))
-        else:
-            result = function(x)
-        outputs, extras = result if isinstance(result, tuple) else (result, None)
-        outputs = x + outputs
-        return (outputs if block.norm_first else _layer_norm(outputs, norm)), extras
+    def sublayer(name, x, function):
+        # The residual, dropout (the identity at inference) and norm of the blocks' own
+        # sub-layers, the norm with the weights read once.
+        norm = norms[name]
+        return sublayer_connection(x, function, lambda y: _layer_norm(y, norm),
+                                   getattr(block, f"_{name}_dropout"), block.norm_first,
+                                   training=False)
 
-    x, new_cache = sublayer(x, self_attend, norms["self_attention"])
-    x, _ = sublayer(x, cross_attend, norms["cross_attention"])
-    x, _ = sublayer(x, feed_forward, norms["feed_forward"])
+    x, (new_cache,) = sublayer("self_attention", x, self_attend)
+    x, _ = sublayer("cross_attention", x, cross_attend)
+    x, _ = sublayer("feed_forward", x, feed_forward)
     return x, new_cache
