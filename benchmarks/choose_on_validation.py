@@ -35,6 +35,10 @@ def _parse_args(argv):
     parser.add_argument("--alphas", default="0.6,1.0,1.4",
                         help="comma-separated length penalties")
     parser.add_argument("--beam-size", type=int, default=4)
+    parser.add_argument("--beam-stopping", default="early",
+                        help="comma-separated beam stopping rules: exact (stop when no alive "
+                        "hypothesis can win) and/or early (stop once beam-size hypotheses "
+                        "have finished): export --beam-stopping RULE")
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--limit", type=int, help="only the first N validation sentences")
     return parser.parse_args(argv)
@@ -57,33 +61,41 @@ def main(argv=None):
 
     from keras_transformer.export import DecodingConfig, Translator, translate_by_length
 
+    rules = args.beam_stopping.split(",")
+    unknown = sorted(set(rules) - {"exact", "early"})
+    if unknown:
+        raise SystemExit(f"--beam-stopping takes exact and/or early, got {unknown}.")
     rows = []
     sources = references = None
     for checkpoint in args.checkpoints.split(","):
         model, source_tokenizer, target_tokenizer, config = _load(args.run_dir, checkpoint)
         if sources is None:
             sources, references = _validation_pairs(config, args.limit)
-        for alpha in (float(a) for a in args.alphas.split(",")):
+        for alpha, rule in itertools.product(
+                (float(a) for a in args.alphas.split(",")), rules):
             translator = Translator(model, source_tokenizer, target_tokenizer, DecodingConfig(
                 search="beam" if args.beam_size > 1 else "greedy", beam_size=args.beam_size,
-                alpha=alpha))
+                alpha=alpha, early_stopping=rule == "early"))
             started = time.time()
             hypotheses = translate_by_length(sources, args.batch_size, translator)
             bleu = sacrebleu.corpus_bleu(hypotheses, [references]).score
-            rows.append((checkpoint, alpha, bleu, time.time() - started))
-            print(f"{checkpoint} alpha {alpha}: validation BLEU {bleu:.2f} "
-                  f"({len(sources)} sentences, {rows[-1][3]:.0f}s)", flush=True)
-    print(f"\n| checkpoint | beam | alpha | validation BLEU ({len(sources)} sentences) |")
-    print("|---|---|---|---|")
-    for checkpoint, alpha, bleu, _ in rows:
-        print(f"| {checkpoint} | {args.beam_size} | {alpha} | {bleu:.2f} |")
-    checkpoint, alpha, bleu, _ = max(rows, key=lambda row: row[2])
+            rows.append((checkpoint, alpha, rule, bleu, time.time() - started))
+            print(f"{checkpoint} alpha {alpha} {rule} stopping: validation BLEU {bleu:.2f} "
+                  f"({len(sources)} sentences, {rows[-1][4]:.0f}s)", flush=True)
+    print(f"\n| checkpoint | beam | alpha | stopping | validation BLEU ({len(sources)} "
+          f"sentences) | seconds |")
+    print("|---|---|---|---|---|---|")
+    for checkpoint, alpha, rule, bleu, seconds in rows:
+        print(f"| {checkpoint} | {args.beam_size} | {alpha} | {rule} | {bleu:.2f} | "
+              f"{seconds:.0f} |")
+    checkpoint, alpha, rule, bleu, _ = max(rows, key=lambda row: row[3])
+    flags = f"--alpha {alpha} --beam-stopping {rule}"
     name, _, last = checkpoint.partition("-")
     if last:
-        print(f"\nchosen on validation: --checkpoint {name} --alpha {alpha} ({bleu:.2f}), "
+        print(f"\nchosen on validation: --checkpoint {name} {flags} ({bleu:.2f}), "
               f"after `keras-transformer average --model {args.run_dir} --last {last}`")
     else:
-        print(f"\nchosen on validation: --checkpoint {checkpoint} --alpha {alpha} ({bleu:.2f})")
+        print(f"\nchosen on validation: --checkpoint {checkpoint} {flags} ({bleu:.2f})")
 
 
 def _load(run_dir, checkpoint):

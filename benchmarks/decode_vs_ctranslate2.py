@@ -80,6 +80,10 @@ def _parse_args(argv):
     parser.add_argument("--bleu-tolerance", type=float, default=0.5,
                         help="largest greedy BLEU difference accepted by the conversion check")
     parser.add_argument("--data-dir", help="raw Multi30K directory (see `keras-transformer`)")
+    parser.add_argument("--compare-exact-stopping", action="store_true",
+                        help="also time an export whose beam search stops only when no alive "
+                             "hypothesis can win (`export --beam-stopping exact`; the default "
+                             "stops once beam-size hypotheses have finished, as CTranslate2)")
     parser.add_argument("--compare-keep-finished", action="store_true",
                         help="also time an export that keeps finished sentences in the batch")
     parser.add_argument("--in-place-greedy", action="store_true",
@@ -276,6 +280,8 @@ def main(argv=None):
                            dataclasses.replace(config, **changes)),
                 os.path.join(tmp, directory)), name=name, warm_every_batch=warm_every_batch)
 
+        exact = variant(args.compare_exact_stopping, "SavedModel, exact stopping",
+                        "export_exact", early_stopping=False)
         kept = variant(args.compare_keep_finished, "SavedModel, finished kept", "export_kept",
                        drop_finished=False)
         grown = variant(args.compare_growing_cache, "SavedModel, growing cache",
@@ -324,7 +330,7 @@ def main(argv=None):
         latency_sources = sources[: args.latency_sentences]
         for search in SEARCHES:
             figures = {}
-            engines = (ours, grown, kept, bf16, jit, bf16_jit, theirs)
+            engines = (ours, exact, grown, kept, bf16, jit, bf16_jit, theirs)
             for engine in [e for e in engines if e is not None]:
                 rate, hypotheses = _throughput(engine, search, sources, args.batch_size,
                                                args.callers)

@@ -250,6 +250,7 @@ def cmd_export(args):
             search=args.search,
             beam_size=args.beam_size,
             alpha=args.alpha,
+            early_stopping=args.beam_stopping == "early",
             max_input_length=args.max_input_length,
             extra_length=args.extra_length,
             max_output_length=args.max_output_length,
@@ -519,6 +520,11 @@ def build_parser():
     export.add_argument("--search", default="beam", choices=SEARCHES)
     export.add_argument("--beam-size", type=int, default=4)
     export.add_argument("--alpha", type=float, default=0.6)
+    export.add_argument("--beam-stopping", default="early", choices=["early", "exact"],
+                        help="beam search: a sentence is done once --beam-size hypotheses "
+                        "have finished (early, as fairseq and CTranslate2; default) or once no "
+                        "alive hypothesis can beat them (exact: up to 1.6x slower with a "
+                        "length penalty, occasionally better)")
     export.add_argument("--max-input-length", type=int, default=128)
     export.add_argument("--extra-length", type=int, default=50)
     export.add_argument("--max-output-length", type=int, default=128)

@@ -44,6 +44,7 @@ def beam_search(
     sentence_cache=None,
     drop_finished=False,
     cache_rows=None,
+    early_stopping=False,
 ):
     """Beam search with the GNMT length penalty, keeping alive and finished hypotheses.
 
@@ -67,6 +68,13 @@ def beam_search(
        is full and the worst finished score is at least the best score an alive
        hypothesis can still reach (its log-probability divided by the largest penalty it
        can still get); the `tf.while_loop` stops when every example is done.
+
+    With `early_stopping=True` the search follows fairseq and CTranslate2 instead: a
+    candidate that emits `end_id` finishes only if it ranks among the `K` best of the
+    `2K` (a lower-ranked END is dropped), and an example is done as soon as `K` of its
+    hypotheses have finished, without the bound of step 4. The result is then not always
+    the best hypothesis the exact rule would find (a longer one might still have won under
+    a length penalty), but the search stops steps earlier.
 
     `beam_size=1` takes a single candidate per step, which is exactly greedy search for
     any `alpha` (its candidate is the argmax, and once it emits END no alive hypothesis
@@ -179,9 +187,14 @@ def beam_search(
         new_seq = utils.write_column(new_seq, step, new_tokens)  # (B, C, T)
         length = step + 1
         possible = top_log_probs > utils.IMPOSSIBLE  # (B, C)
-        ends = possible & (
-            tf.equal(new_tokens, end_id) | (length >= bounds)[:, None]
-        )  # (B, C)
+        emits_end = tf.equal(new_tokens, end_id)  # (B, C)
+        at_bound = (length >= bounds)[:, None]  # (B, 1)
+        if early_stopping:
+            # An END ranked below the K best candidates is dropped, not finished.
+            emits_end_in_top = emits_end & (tf.range(num_candidates) < beam_size)[None, :]
+            ends = possible & (emits_end_in_top | at_bound)  # (B, C)
+        else:
+            ends = possible & (emits_end | at_bound)  # (B, C)
 
         # Candidates that ended join the finished set, which keeps the K best.
         penalty = utils.length_penalty(length, alpha)
@@ -206,7 +219,8 @@ def beam_search(
         # The K best candidates that did not end stay alive (the candidates are sorted, so
         # top_k keeps their order); their cache rows follow them.
         alive_log_probs, alive_indices = tf.math.top_k(
-            tf.where(possible & ~ends, top_log_probs, utils.NEG_INF), k=beam_size
+            tf.where(possible & ~emits_end & ~at_bound, top_log_probs, utils.NEG_INF),
+            k=beam_size,
         )  # (B, K)
         if num_candidates > beam_size:
             source_beams = tf.gather(source_beams, alive_indices, batch_dims=1)  # (B, K)
@@ -214,9 +228,12 @@ def beam_search(
             new_seq = tf.gather(new_seq, alive_indices, batch_dims=1)  # (B, K, T)
         best_alive = alive_log_probs[:, 0]  # (B,)
         no_alive = best_alive <= utils.IMPOSSIBLE
-        cannot_improve = finished[4][:, -1] & (
-            fin_scores[:, -1] >= _upper_bound(best_alive, step, bounds, alpha)
-        )
+        if early_stopping:
+            cannot_improve = finished[4][:, -1]  # K hypotheses have finished
+        else:
+            cannot_improve = finished[4][:, -1] & (
+                fin_scores[:, -1] >= _upper_bound(best_alive, step, bounds, alpha)
+            )
         done = done | no_alive | cannot_improve  # (B,)
         # A done example keeps no alive hypothesis, so it cannot change any more.
         alive_log_probs = tf.where(done[:, None], utils.NEG_INF, alive_log_probs)

@@ -66,15 +66,20 @@ def tiny_run(tmp_path_factory):
 
 
 @pytest.mark.slow
-def test_choose_on_validation_compares_checkpoints_and_alphas(tiny_run, capsys):
+def test_choose_on_validation_compares_checkpoints_alphas_and_stopping(tiny_run, capsys):
     script = _load("choose_on_validation")
     script.main([str(tiny_run), "--checkpoints", "final,averaged", "--alphas", "0.6,1.0",
-                 "--beam-size", "2", "--batch-size", "4"])
+                 "--beam-size", "2", "--batch-size", "4", "--beam-stopping", "exact,early"])
     out = capsys.readouterr().out
-    rows = re.findall(r"^\| (final|averaged) \| 2 \| (0\.6|1\.0) \| (\d+\.\d\d) \|$", out, re.M)
-    assert len(rows) == 4, out
-    best = max(rows, key=lambda row: float(row[2]))
-    assert f"chosen on validation: --checkpoint {best[0]} --alpha {best[1]}" in out
+    rows = re.findall(r"^\| (final|averaged) \| 2 \| (0\.6|1\.0) \| (exact|early) \| "
+                      r"(\d+\.\d\d) \| \d+ \|$", out, re.M)
+    assert len(rows) == 8, out
+    assert {row[2] for row in rows} == {"exact", "early"}
+    best = max(rows, key=lambda row: float(row[3]))
+    flags = f"--alpha {best[1]} --beam-stopping {best[2]}"
+    assert f"chosen on validation: --checkpoint {best[0]} {flags} (" in out
+    with pytest.raises(SystemExit, match="exact and/or early"):
+        script.main([str(tiny_run), "--checkpoints", "final", "--beam-stopping", "soon"])
 
 
 @pytest.mark.slow
@@ -156,7 +161,8 @@ def test_decode_vs_ctranslate2_side_by_side_with_concurrent_callers(tiny_run):
          "--checkpoint", "final", "--limit", "7", "--batch-size", "3",
          "--latency-sentences", "2", "--beam-size", "2", "--threads", "1",
          "--inter-threads", "2", "--callers", "2", "--compare-keep-finished",
-         "--compare-jit", "--compare-growing-cache", "--in-place-greedy", "--compare-bf16"],
+         "--compare-jit", "--compare-growing-cache", "--in-place-greedy", "--compare-bf16",
+         "--compare-exact-stopping"],
         capture_output=True, text=True, timeout=600,
         # Without a choice of allocator (this process's import of keras_transformer set one):
         # the script times TensorFlow's default allocator, the one TF Serving runs.
@@ -174,7 +180,7 @@ def test_decode_vs_ctranslate2_side_by_side_with_concurrent_callers(tiny_run):
         assert allocator.group(1) == "system", out
     engines = re.findall(r"^\| (beam 2|greedy) \| ([^|]+) \| \d+\.\d \| \d+\.\d \| \d+ \| "
                          r"(\d+\.\d\d) \|$", out, re.M)
-    assert len(engines) == 14, out  # 7 engines, bfloat16 + XLA among them
+    assert len(engines) == 16, out  # 8 engines, bfloat16 + XLA among them
     # The same model: dropping finished sentences, the cache's layout or XLA changes no
     # translation.
     bleu = {(search, engine.strip()): score for search, engine, score in engines}
@@ -182,6 +188,10 @@ def test_decode_vs_ctranslate2_side_by_side_with_concurrent_callers(tiny_run):
         assert bleu[(search, "SavedModel")] == bleu[(search, "SavedModel, finished kept")]
         assert bleu[(search, "SavedModel")] == bleu[(search, "SavedModel, XLA (--jit)")]
         assert bleu[(search, "SavedModel")] == bleu[(search, "SavedModel, growing cache")]
+    # The stopping rule is beam search's alone.
+    assert bleu[("greedy", "SavedModel")] == bleu[("greedy", "SavedModel, exact stopping")]
+    assert re.search(r"^\| beam 2, exact stopping \| \d+\.\d\dx \| \d+\.\d\dx \| "
+                     r"\d+\.\d\dx \|$", out, re.M), out
     assert re.search(r"^\| greedy, growing cache \| \d+\.\d\dx \| \d+\.\d\dx \| \d+\.\d\dx \|$",
                      out, re.M), out
     assert re.search(r"^\| greedy, XLA \| \d+\.\d\dx \| \d+\.\d\dx \| \d+\.\d\dx \|$", out,

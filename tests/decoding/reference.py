@@ -27,9 +27,11 @@ def greedy(model, bound, source=0):
     return prefix[1:], total
 
 
-def beam(model, bound, beam_size, alpha, source=0):
+def beam(model, bound, beam_size, alpha, source=0, early_stopping=False):
     """The beam search `beam_search` documents: 2K candidates per step (1 for beam 1), the
-    finished ones set aside, the K best others kept alive.
+    finished ones set aside, the K best others kept alive. With `early_stopping`, an END
+    finishes only among the K best candidates (others are dropped) and the search stops
+    once K hypotheses have finished.
 
     Returns:
         `(finished, steps)`: `finished` a list of `(score, log_prob, tokens)` best first,
@@ -52,13 +54,14 @@ def beam(model, bound, beam_size, alpha, source=0):
         new = []
         # 2K candidates, so K stay alive however many of them finish; one for beam 1.
         num_candidates = 2 * beam_size if beam_size > 1 else 1
-        for log_prob, prefix in candidates[:num_candidates]:
-            if prefix[-1] == END_ID or length >= bound:
+        for rank, (log_prob, prefix) in enumerate(candidates[:num_candidates]):
+            if length >= bound or (prefix[-1] == END_ID
+                                   and (rank < beam_size or not early_stopping)):
                 new.append((log_prob / penalty(length, alpha), log_prob, prefix[1:]))
-            elif len(alive) < beam_size:
+            elif prefix[-1] != END_ID and len(alive) < beam_size:
                 alive.append((prefix, log_prob))
         finished = sorted(finished + new, key=lambda f: -f[0])[:beam_size]
-        if not alive:
+        if not alive or (early_stopping and len(finished) == beam_size):
             break
         best_alive = max(log_prob for _, log_prob in alive)
         largest = max(penalty(min(step + 2, bound), alpha), penalty(bound, alpha))

@@ -316,3 +316,94 @@ def test_beam_drop_finished_matches_reference_and_decodes_fewer_rows(beam_size, 
                 np.testing.assert_allclose(result.normalized_scores[b, k], score, rtol=1e-5)
         decoded[drop] = int(rows.numpy())
     assert decoded[True] < decoded[False], decoded
+
+
+def _early_or_long_table():
+    """START -> END (0.4) | A (0.3) | B (0.3); B -> END; A -> A (0.99) | END (0.01).
+
+    With K = 2 and alpha = 2, two hypotheses have finished after two steps ([END] and
+    [B, END], which wins them at -1.204 / (7/6)^2 = -0.885), but A repeated up to the
+    bound of 6 tokens scores -1.254 / (11/6)^2 = -0.373: the exact rule keeps decoding
+    and finds it, early stopping does not.
+    """
+    probs = np.zeros([6, 6])
+    probs[:, END_ID] = 1.0  # rows that are never used
+    probs[1] = [0, 0, 0.4, 0.3, 0.3, 0]
+    probs[A] = [0, 0, 0.01, 0.99, 0, 0]
+    return probs
+
+
+def test_beam_early_stopping_stops_once_k_hypotheses_finished():
+    calls = tf.Variable(0, dtype=tf.int32)
+    model = TableModel(_early_or_long_table(), counter=calls)
+    results = {}
+    for early in (False, True):
+        calls.assign(0)
+        results[early] = beam_search(model.next_logits, {}, 1, 8, beam_size=2, alpha=2.0,
+                                     max_lengths=[6], early_stopping=early)
+        results[early, "calls"] = int(calls.numpy())
+    np.testing.assert_array_equal(results[False].tokens, [[A] * 6 + [0, 0]])
+    assert results[False, "calls"] == 6
+    np.testing.assert_array_equal(results[True].tokens, [[B, END_ID] + [0] * 6])
+    np.testing.assert_allclose(results[True].normalized_scores,
+                               [np.log(0.3) / (7 / 6) ** 2], rtol=1e-5)
+    assert results[True, "calls"] == 2
+
+
+@pytest.mark.parametrize("beam_size", [1, 2, 3])
+@pytest.mark.parametrize("alpha", [0.0, 1.4])
+@pytest.mark.parametrize("drop", [False, True], ids=["keep", "drop_finished"])
+def test_beam_early_stopping_matches_reference(beam_size, alpha, drop):
+    rows = tf.Variable(0, dtype=tf.int32)
+    model = HistoryModel(vocab_size=7, max_length=9, seed=7, end_bias=0.8, row_counter=rows)
+    sources = [0, 3, 7, 11, 2, 5]
+    bounds = [9, 2, 8, 3, 9, 1]
+
+    @tf.function
+    def run(early_stopping):
+        return beam_search(
+            model.next_logits_with_sentences,
+            {"keys": model.initial_cache(sources)["keys"]}, len(sources), 9,
+            beam_size=beam_size, alpha=alpha, max_lengths=bounds, return_all_beams=True,
+            sentence_cache={"source": tf.constant(sources, tf.int32)},
+            drop_finished=drop, early_stopping=early_stopping,
+        )
+
+    result = run(True)
+    early_steps, exact_steps = [], []
+    for b in range(len(sources)):
+        finished, steps = reference.beam(model, bounds[b], beam_size, alpha, sources[b],
+                                         early_stopping=True)
+        early_steps.append(steps)
+        exact_steps.append(reference.beam(model, bounds[b], beam_size, alpha, sources[b])[1])
+        for k, (score, log_prob, tokens) in enumerate(finished):
+            n = len(tokens)
+            assert int(result.lengths[b, k]) == n, (b, k)
+            np.testing.assert_array_equal(result.tokens[b, k, :n], tokens)
+            np.testing.assert_array_equal(result.tokens[b, k, n:], 0)
+            np.testing.assert_allclose(result.normalized_scores[b, k], score, rtol=1e-5)
+            np.testing.assert_allclose(result.scores[b, k], log_prob, rtol=1e-5)
+    # With a length penalty the exact rule must wait for alive hypotheses that a longer
+    # length could still lift; early stopping does not (beam 1 is greedy either way).
+    if beam_size > 1 and alpha > 0:
+        assert sum(early_steps) < sum(exact_steps), (early_steps, exact_steps)
+    if drop:  # rows stop costing compute as soon as their sentence is done
+        rows.assign(0)
+        run(True)
+        early_rows = int(rows.numpy())
+        rows.assign(0)
+        run(False)
+        assert early_rows < int(rows.numpy()) or beam_size == 1 or alpha == 0
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_beam_size_one_with_early_stopping_equals_greedy(seed):
+    model = HistoryModel(vocab_size=8, max_length=10, seed=20 + seed)
+    sources = [0, 1, 2, 3]
+    bounds = [10, 10, 3, 1]
+    greedy = greedy_search(
+        model.next_logits, model.initial_cache(sources), 4, 10, max_lengths=bounds)
+    beam = beam_search(model.next_logits, model.initial_cache(sources), 4, 10, beam_size=1,
+                       alpha=1.4, max_lengths=bounds, early_stopping=True)
+    np.testing.assert_array_equal(beam.tokens, greedy.tokens)
+    np.testing.assert_allclose(beam.scores, greedy.scores, rtol=1e-6)

@@ -440,6 +440,12 @@ def test_export_cli_sampling_flags_reach_the_translator(small_tokenizer, monkeyp
     assert written["t"].config.jit_compile and written["t"].config.jit_max_rows == 4
     cli.main(base + ["--search", "greedy", "--jit", "--jit-max-rows", "0"])
     assert written["t"].config.jit_max_rows is None  # XLA at every batch size
+    cli.main(base)  # beam search stops as CTranslate2 does unless asked otherwise
+    assert written["t"].config.early_stopping
+    cli.main(base + ["--beam-stopping", "exact"])
+    assert not written["t"].config.early_stopping
+    with pytest.raises(SystemExit):
+        cli.main(base + ["--beam-stopping", "never"])
     with pytest.raises(SystemExit, match="temperature"):
         cli.main(base + ["--search", "sample", "--temperature", "0"])
     with pytest.raises(SystemExit, match="top_p"):
