@@ -357,7 +357,8 @@ def main(argv=None):
     print("|---|---|---|---|")
     for search, figures in rows:
         ct2_rate, _, ct2_one, ct2_median = figures[theirs.name]
-        for engine, suffix in ((ours, ""), (grown, ", growing cache"), (kept, ", finished kept"),
+        for engine, suffix in ((ours, ""), (exact, ", exact stopping"), (grown, ", growing cache"),
+                               (kept, ", finished kept"),
                                (bf16, ", bfloat16"), (jit, ", XLA"),
                                (bf16_jit, ", bfloat16 + XLA")):
             if engine is None:
