@@ -523,8 +523,8 @@ def build_parser():
     export.add_argument("--beam-stopping", default="early", choices=["early", "exact"],
                         help="beam search: a sentence is done once --beam-size hypotheses "
                         "have finished (early, as fairseq and CTranslate2; default) or once no "
-                        "alive hypothesis can beat them (exact: up to 1.6x slower with a "
-                        "length penalty, occasionally better)")
+                        "alive hypothesis can beat them (exact: about 2x slower with a length "
+                        "penalty of 1.4, occasionally better)")
     export.add_argument("--max-input-length", type=int, default=128)
     export.add_argument("--extra-length", type=int, default=50)
     export.add_argument("--max-output-length", type=int, default=128)

@@ -37,7 +37,7 @@ class DecodingConfig:
     # Beam search: a sentence is done once `beam_size` hypotheses have finished (END ranked
     # among the beam_size best candidates), as in fairseq and CTranslate2. False: once no
     # alive hypothesis can beat the finished ones (`decoding.beam_search`), which with a
-    # length penalty decodes longer: on the reference model at alpha 1.4, 1.6x the time
+    # length penalty decodes longer: on the reference model at alpha 1.4, about 2x the time
     # for +0.16 validation BLEU (benchmarks/RESULTS.md).
     early_stopping: bool = True
     # Longest source in tokens, END included: longer input is truncated to it.

@@ -111,8 +111,10 @@ def test_choose_on_validation_averages_the_last_k_epochs_on_the_side(tiny_run, c
     script.main([str(tiny_run), "--checkpoints", "averaged-2", "--alphas", "0.6",
                  "--beam-size", "2", "--batch-size", "4"])
     out = capsys.readouterr().out
-    assert re.search(r"^\| averaged-2 \| 2 \| 0\.6 \| \d+\.\d\d \|$", out, re.M), out
-    assert re.search(r"chosen on validation: --checkpoint averaged --alpha 0\.6 \(\d+\.\d\d\), "
+    assert re.search(r"^\| averaged-2 \| 2 \| 0\.6 \| early \| \d+\.\d\d \| \d+ \|$", out,
+                     re.M), out
+    assert re.search(r"chosen on validation: --checkpoint averaged --alpha 0\.6 "
+                     r"--beam-stopping early \(\d+\.\d\d\), "
                      rf"after `keras-transformer average --model {re.escape(str(tiny_run))} "
                      r"--last 2`", out), out
     assert averaged_file.read_bytes() == before
