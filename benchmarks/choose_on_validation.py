@@ -60,9 +60,10 @@ def main(argv=None):
     import sacrebleu
 
     from keras_transformer.export import DecodingConfig, Translator, translate_by_length
+    from keras_transformer.export.translator import BEAM_STOPPING
 
     rules = args.beam_stopping.split(",")
-    unknown = sorted(set(rules) - {"exact", "early"})
+    unknown = sorted(set(rules) - set(BEAM_STOPPING))
     if unknown:
         raise SystemExit(f"--beam-stopping takes exact and/or early, got {unknown}.")
     rows = []

@@ -439,7 +439,7 @@ def _translate_and_report(args, sources, references):
 
 
 def build_parser():
-    from keras_transformer.export.translator import SEARCHES
+    from keras_transformer.export.translator import BEAM_STOPPING, SEARCHES
 
     parser = argparse.ArgumentParser(prog="keras-transformer", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -520,7 +520,7 @@ def build_parser():
     export.add_argument("--search", default="beam", choices=SEARCHES)
     export.add_argument("--beam-size", type=int, default=4)
     export.add_argument("--alpha", type=float, default=0.6)
-    export.add_argument("--beam-stopping", default="early", choices=["early", "exact"],
+    export.add_argument("--beam-stopping", default="early", choices=BEAM_STOPPING,
                         help="beam search: a sentence is done once --beam-size hypotheses "
                         "have finished (early, as fairseq and CTranslate2; default) or once no "
                         "alive hypothesis can beat them (exact: about 2x slower with a length "

@@ -189,12 +189,10 @@ def beam_search(
         possible = top_log_probs > utils.IMPOSSIBLE  # (B, C)
         emits_end = tf.equal(new_tokens, end_id)  # (B, C)
         at_bound = (length >= bounds)[:, None]  # (B, 1)
-        if early_stopping:
-            # An END ranked below the K best candidates is dropped, not finished.
-            emits_end_in_top = emits_end & (tf.range(num_candidates) < beam_size)[None, :]
-            ends = possible & (emits_end_in_top | at_bound)  # (B, C)
-        else:
-            ends = possible & (emits_end | at_bound)  # (B, C)
+        finishing_end = emits_end
+        if early_stopping:  # an END ranked below the K best candidates is dropped
+            finishing_end = emits_end & (tf.range(num_candidates) < beam_size)[None, :]
+        ends = possible & (finishing_end | at_bound)  # (B, C)
 
         # Candidates that ended join the finished set, which keeps the K best.
         penalty = utils.length_penalty(length, alpha)

@@ -10,6 +10,9 @@ from keras_transformer.text import END_ID, PAD_ID, START_ID, UNK_ID
 
 SEARCHES = ("beam", "greedy", "greedy_uncached", "sample")
 IN_PLACE_CACHE = ("beam", "all", "none")
+# `export --beam-stopping` and `choose_on_validation.py --beam-stopping`: "early" is
+# `DecodingConfig(early_stopping=True)`, "exact" is False.
+BEAM_STOPPING = ("early", "exact")
 
 
 @dataclasses.dataclass
