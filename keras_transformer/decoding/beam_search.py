@@ -48,15 +48,15 @@ def beam_search(
 ):
     """Beam search with the GNMT length penalty, keeping alive and finished hypotheses.
 
-    Every tensor of `initial_cache` is tiled from `B` to `B * beam_size` rows (beams of
-    one example adjacent) and reordered with `tf.gather` after each step (or as
-    `cache_rows` moves its rows). Per example the
-    search keeps `K = beam_size` alive hypotheses and `K` finished ones, as GNMT,
-    tensor2tensor and fairseq do:
+    The first step decodes `B` rows, one hypothesis (START) per example, as CTranslate2
+    does; then every tensor of the cache is tiled to `B * beam_size` rows (beams of one
+    example adjacent) and reordered with `tf.gather` after each step (or as `cache_rows`
+    moves its rows). Per example the search keeps `K = beam_size` alive hypotheses and
+    `K` finished ones, as GNMT, tensor2tensor and fairseq do:
 
     1. the alive beams are extended by every token (PAD and START masked, and UNK when
        `unk_id` is given); the `2K` best extensions by log-probability are the candidates
-       (at step 0 only the first beam is alive, so they differ);
+       (at step 0 they all extend START);
     2. a candidate that emits `end_id`, or that reaches the example's bound in
        `max_lengths`, is set aside: it competes for the finished set with score
        `log_prob / length_penalty(length, alpha)`,
@@ -84,7 +84,8 @@ def beam_search(
 
     Args:
         next_logits: callable `(tokens, cache, index) -> (logits, cache)` as in
-            `greedy_search`, called with `N = B * beam_size` rows.
+            `greedy_search`, called with `N = B` rows at index 0 (the cache as given)
+            and `N = B * beam_size` rows after.
         initial_cache: nest of tensors with leading axis `B` (may be empty).
         batch_size: int or int32 scalar tensor, `B`.
         max_length: int, the static number of steps (size of the cache's time axis and of
@@ -105,7 +106,8 @@ def beam_search(
         sentence_cache: optional nest of tensors with leading axis `B` (one row per
             example, not tiled to beams) that the steps read but never change, such as the
             encoder's memory; `next_logits` then receives it as a fourth argument and must
-            match an example's row to its `K` adjacent beam rows. Defaults to `None`.
+            match an example's row to its `N / B` adjacent rows (1 at index 0, then `K`).
+            Defaults to `None`.
         drop_finished: bool, done examples leave the batch, as in `greedy_search`: their
             beam rows stop costing compute. Defaults to `False`.
         cache_rows: how the search tiles and reorders the rows of the cache, as in
@@ -145,18 +147,13 @@ def beam_search(
     batch_size = tf.convert_to_tensor(batch_size, tf.int32)
     bounds = utils.resolve_max_lengths(max_lengths, batch_size, max_length)  # (B,)
     cache_rows = cache_rows or utils.BatchMajorRows()
-    cache = cache_rows.tile(utils.to_tensors(initial_cache), beam_size)  # B*K rows
+    cache = utils.to_tensors(initial_cache)  # B rows: tiled after the first step
     sentences = utils.to_tensors(sentence_cache if sentence_cache is not None else {})
-
-    # Only the first beam is alive at the start, so the first step's K extensions differ.
-    first_log_probs = tf.tile(
-        tf.constant([[0.0] + [utils.NEG_INF] * (beam_size - 1)], tf.float32),
-        [batch_size, 1],
-    )  # (B, K)
+    # The first step extends one hypothesis per example (START), on B rows.
     alive = (
-        tf.fill([batch_size * beam_size, 1], tf.constant(start_id, tf.int32)),  # (B*K, 1)
-        tf.fill([batch_size, beam_size, max_length], tf.constant(pad_id, tf.int32)),
-        first_log_probs,  # (B, K)
+        tf.fill([batch_size, 1], tf.constant(start_id, tf.int32)),  # (B, 1)
+        tf.fill([batch_size, 1, max_length], tf.constant(pad_id, tf.int32)),
+        tf.zeros([batch_size, 1], tf.float32),  # (B, 1)
     )
     finished = (
         tf.fill([batch_size, beam_size, max_length], tf.constant(pad_id, tf.int32)),
@@ -171,14 +168,29 @@ def beam_search(
              *unused):
         return tf.logical_not(tf.reduce_all(done))
 
-    def step_fn(step, alive, cache, sentences, finished, done, bounds):
-        """One step for the `B` examples still decoded (all of them unless dropping)."""
+    def step_fn(step, alive, cache, sentences, finished, done, bounds, first=False):
+        """One step for the `B` examples still decoded (all of them unless dropping).
+
+        The `first` step has one hypothesis per example (`alive` and `cache` with `B`
+        rows) and leaves `K`: its candidates all extend that hypothesis, so the cache
+        is tiled, not reordered.
+        """
         last_tokens, alive_seq, alive_log_probs = alive
         if sentence_cache is None:
             logits, cache = next_logits(last_tokens, cache, step)
         else:
             logits, cache = next_logits(last_tokens, cache, step, sentences)
-        logits = tf.cast(logits, tf.float32)  # (B*K, V)
+        logits = tf.cast(logits, tf.float32)  # (B*K, V); (B, V) at the first step
+        vocab_size = logits.shape[-1]
+        if first and (vocab_size is None
+                      or vocab_size < num_candidates + len(forbidden)):
+            # Too few tokens for 2K candidates from one hypothesis: rank the first step's
+            # logits as K beams of which only the first is alive.
+            logits = tf.repeat(logits, beam_size, axis=0)  # (B*K, V)
+            alive_seq = tf.repeat(alive_seq, beam_size, axis=1)  # (B, K, T)
+            alive_log_probs = tf.tile(
+                tf.constant([[0.0] + [utils.NEG_INF] * (beam_size - 1)], tf.float32),
+                [tf.shape(alive_log_probs)[0], 1])  # (B, K)
         # The C best of alive log-prob + log_softmax(logits), over every beam and token
         # (forbidden ones masked); C = 2K (1 for beam 1). Each (B, C).
         top_log_probs, source_beams, new_tokens = utils.top_candidates(
@@ -235,7 +247,10 @@ def beam_search(
         done = done | no_alive | cannot_improve  # (B,)
         # A done example keeps no alive hypothesis, so it cannot change any more.
         alive_log_probs = tf.where(done[:, None], utils.NEG_INF, alive_log_probs)
-        cache = cache_rows.gather(cache, utils.beam_rows(source_beams, beam_size))  # B*K rows
+        if first:  # every candidate extends an example's one hypothesis (or beam 0)
+            cache = cache_rows.tile(cache, beam_size)  # B*K rows
+        else:
+            cache = cache_rows.gather(cache, utils.beam_rows(source_beams, beam_size))
         alive = (
             tf.reshape(new_tokens, [-1, 1]),  # (B*K, 1)
             new_seq,
@@ -262,7 +277,9 @@ def beam_search(
         finished_invariants,
         tf.TensorShape([None]),
     )
-    loop_vars = (tf.constant(0, tf.int32), alive, cache, sentences, finished, done)
+    alive, cache, finished, done = step_fn(
+        tf.constant(0, tf.int32), alive, cache, sentences, finished, done, bounds, first=True)
+    loop_vars = (tf.constant(1, tf.int32), alive, cache, sentences, finished, done)
     if not drop_finished:
         def body(step, alive, cache, sentences, finished, done):
             alive, cache, finished, done = step_fn(
@@ -270,7 +287,7 @@ def beam_search(
             return step + 1, alive, cache, sentences, finished, done
 
         finished = tf.while_loop(cond, body, loop_vars=loop_vars, shape_invariants=invariants,
-                                 maximum_iterations=max_length)[4]
+                                 maximum_iterations=max_length - 1)[4]
     else:
         def body(step, alive, cache, sentences, finished, done, bounds, rows, output):
             alive, cache, finished, done = step_fn(
@@ -290,7 +307,7 @@ def beam_search(
             loop_vars=loop_vars + (bounds, tf.range(batch_size), finished),
             shape_invariants=invariants + (
                 tf.TensorShape([None]), tf.TensorShape([None]), finished_invariants),
-            maximum_iterations=max_length,
+            maximum_iterations=max_length - 1,
         )
         finished = utils.scatter_rows(loop[8], loop[7], loop[4])
     fin_seq, fin_scores, fin_log_probs, fin_lengths, _ = finished

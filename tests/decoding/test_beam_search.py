@@ -405,3 +405,34 @@ def test_beam_size_one_with_early_stopping_equals_greedy(seed):
                        alpha=1.4, max_lengths=bounds, early_stopping=True)
     np.testing.assert_array_equal(beam.tokens, greedy.tokens)
     np.testing.assert_allclose(beam.scores, greedy.scores, rtol=1e-6)
+
+
+@pytest.mark.parametrize("vocab_size", [7, 16], ids=["vocab7", "vocab16"])
+@pytest.mark.parametrize("beam_size", [2, 3])
+def test_beam_first_step_decodes_one_row_per_example(vocab_size, beam_size):
+    # As CTranslate2 does: the first step extends START alone, so it decodes B rows, not
+    # B * K copies of it; the cache is tiled after it. With fewer tokens than 2K
+    # candidates (plus the masked ones) need, its logits are ranked as K beams instead.
+    first_rows = tf.Variable(0, dtype=tf.int32)
+    model = HistoryModel(vocab_size=vocab_size, max_length=9, seed=11, end_bias=0.5)
+    sources = [0, 3, 7, 11, 2]
+    bounds = [9, 2, 8, 1, 9]
+
+    def next_logits(tokens, cache, index, sentences):
+        first_rows.assign_add(tf.where(tf.equal(index, 0), tf.shape(tokens)[0], 0))
+        return model.next_logits_with_sentences(tokens, cache, index, sentences)
+
+    result = tf.function(lambda: beam_search(
+        next_logits, {"keys": model.initial_cache(sources)["keys"]}, len(sources), 9,
+        beam_size=beam_size, alpha=1.0, max_lengths=bounds, return_all_beams=True,
+        sentence_cache={"source": tf.constant(sources, tf.int32)}, drop_finished=True,
+        early_stopping=True,
+    ))()
+    assert int(first_rows.numpy()) == len(sources)
+    for b, source in enumerate(sources):
+        finished, _ = reference.beam(model, bounds[b], beam_size, 1.0, source,
+                                     early_stopping=True)
+        for k, (score, _, tokens) in enumerate(finished):
+            n = len(tokens)
+            np.testing.assert_array_equal(result.tokens[b, k, :n], tokens)
+            np.testing.assert_allclose(result.normalized_scores[b, k], score, rtol=1e-5)
