@@ -289,9 +289,7 @@ def beam_search(
         finished = tf.while_loop(cond, body, loop_vars=loop_vars, shape_invariants=invariants,
                                  maximum_iterations=max_length - 1)[4]
     else:
-        def body(step, alive, cache, sentences, finished, done, bounds, rows, output):
-            alive, cache, finished, done = step_fn(
-                step, alive, cache, sentences, finished, done, bounds)
+        def drop_done(alive, cache, sentences, finished, done, bounds, rows, output):
             # Per example: the alive sequences and scores, the finished set, `done`; the
             # beam rows: the last tokens and the cache.
             active = ((alive[1], alive[2]), sentences, finished, done, bounds, rows)
@@ -299,12 +297,20 @@ def beam_search(
                 active, output, rows, done, finished, beams=alive[0], beam_size=beam_size,
                 cache=cache, cache_rows=cache_rows)
             (alive_seq, alive_log_probs), sentences, finished, done, bounds, rows = active
-            return (step + 1, (last_tokens, alive_seq, alive_log_probs), cache, sentences,
-                    finished, done, bounds, rows, output)
+            return ((last_tokens, alive_seq, alive_log_probs), cache, sentences, finished,
+                    done, bounds, rows, output)
 
+        def body(step, alive, cache, sentences, finished, done, bounds, rows, output):
+            alive, cache, finished, done = step_fn(
+                step, alive, cache, sentences, finished, done, bounds)
+            return (step + 1,) + drop_done(alive, cache, sentences, finished, done, bounds,
+                                           rows, output)
+
+        # Sentences done at the first step leave before the loop.
+        loop_vars = (loop_vars[0],) + drop_done(alive, cache, sentences, finished, done,
+                                                bounds, tf.range(batch_size), finished)
         loop = tf.while_loop(
-            cond, body,
-            loop_vars=loop_vars + (bounds, tf.range(batch_size), finished),
+            cond, body, loop_vars=loop_vars,
             shape_invariants=invariants + (
                 tf.TensorShape([None]), tf.TensorShape([None]), finished_invariants),
             maximum_iterations=max_length - 1,

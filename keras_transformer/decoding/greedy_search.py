@@ -242,9 +242,9 @@ def greedy_search(
             but never change, such as the encoder's memory; `next_logits` then receives it
             as a fourth argument, `(tokens, cache, index, sentence_cache)`. Defaults to
             `None`.
-        drop_finished: bool, finished examples leave the batch: once a quarter of the
-            rows still decoded have finished, their results are set aside and the search
-            goes on with the others (every tensor of `cache` and `sentence_cache` gathered
+        drop_finished: bool, finished examples leave the batch: at the end of every step
+            at which rows finish, their results are set aside and the search goes on with
+            the others (every tensor of `cache` and `sentence_cache` gathered
             to those rows), so a finished sentence stops costing compute. `next_logits`
             must then take every per-example tensor from its arguments (none captured from
             outside with `B` rows). The results are the same; the shapes in the loop are

@@ -356,11 +356,6 @@ def to_tensors(nest):
     return tf.nest.map_structure(tf.convert_to_tensor, nest)
 
 
-# A search with `drop_finished` gathers its rows anew once this share of them is done: each
-# gather copies the whole cache, so it waits for several rows rather than one.
-DROP_FRACTION = 0.25
-
-
 def scatter_rows(output, rows, values):
     """Writes row `n` of every tensor of `values` at row `rows[n]` of `output`'s tensor.
 
@@ -386,10 +381,10 @@ def scatter_rows(output, rows, values):
 
 def drop_done_rows(active, output, rows, done, results, beams=(), beam_size=1, cache=(),
                    cache_rows=None):
-    """Sets the finished examples of a search aside once enough of them are done.
+    """Sets the finished examples of a search aside at the step they are done.
 
-    When at least `DROP_FRACTION` of the examples still decoded are done (and not all of
-    them: the loop ends then), their `results` are written to `output` at their index in
+    When some of the examples still decoded are done (and not all of them: the loop ends
+    then), their `results` are written to `output` at their index in
     `rows`, and every tensor of `active` (leading axis: the examples still decoded) and of
     `beams` (leading axis: those examples' `beam_size` adjacent rows) keeps the rows of the
     examples not done, and so does `cache` (the decoder's rows, moved by `cache_rows`).
@@ -414,8 +409,7 @@ def drop_done_rows(active, output, rows, done, results, beams=(), beam_size=1, c
     cache_rows = cache_rows or BatchMajorRows()
     num_done = tf.reduce_sum(tf.cast(done, tf.int32))
     num_rows = tf.size(done)
-    drop = (num_done > 0) & (num_done < num_rows) & (
-        tf.cast(num_done, tf.float32) >= DROP_FRACTION * tf.cast(num_rows, tf.float32))
+    drop = (num_done > 0) & (num_done < num_rows)
 
     def gather():
         kept = tf.cast(tf.reshape(tf.where(tf.logical_not(done)), [-1]), tf.int32)  # (N',)

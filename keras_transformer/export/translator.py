@@ -71,7 +71,7 @@ class DecodingConfig:
     # (benchmarks/RESULTS.md). None: XLA at every batch size.
     jit_max_rows: int | None = 4
     # Greedy and beam search: a finished sentence leaves the batch (its rows are dropped
-    # from the decoder's cache once a quarter of the batch is done), so it stops costing
+    # from the decoder's cache at the end of the step it finished), so it stops costing
     # compute; the results are the same. Not in the XLA-compiled search (static shapes).
     drop_finished: bool = True
     # Which searches keep the decoder's self-attention keys/values in time-major buffers

@@ -306,8 +306,10 @@ def test_beam_drop_finished_matches_reference_and_decodes_fewer_rows(beam_size, 
             )
         rows.assign(0)
         result = (tf.function(run) if compiled else run)()
+        steps = []
         for b in range(len(sources)):
-            finished, _ = reference.beam(model, bounds[b], beam_size, 0.6, sources[b])
+            finished, calls = reference.beam(model, bounds[b], beam_size, 0.6, sources[b])
+            steps.append(calls)
             for k, (score, log_prob, tokens) in enumerate(finished):
                 n = len(tokens)
                 assert int(result.lengths[b, k]) == n
@@ -315,6 +317,9 @@ def test_beam_drop_finished_matches_reference_and_decodes_fewer_rows(beam_size, 
                 np.testing.assert_array_equal(result.tokens[b, k, n:], 0)
                 np.testing.assert_allclose(result.normalized_scores[b, k], score, rtol=1e-5)
         decoded[drop] = int(rows.numpy())
+    # A sentence decodes one row at its first step and K at the others; dropped, its rows
+    # leave the batch at the step it is done.
+    assert decoded[True] == sum(1 + beam_size * (n - 1) for n in steps), (decoded, steps)
     assert decoded[True] < decoded[False], decoded
 
 
