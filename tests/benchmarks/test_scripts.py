@@ -209,3 +209,49 @@ def test_decode_vs_ctranslate2_side_by_side_with_concurrent_callers(tiny_run):
     assert re.search(r"^\| greedy, bfloat16 \+ XLA \| \d+\.\d\dx \| \d+\.\d\dx \| "
                      r"\d+\.\d\dx \|$", out, re.M), out
     assert re.search(r"^\| beam 2 \| \d+\.\d\dx \| \d+\.\d\dx \| \d+\.\d\dx \|$", out, re.M), out
+
+
+def test_compare_exports_alternates_and_keeps_each_ones_translations():
+    script = _load("compare_exports")
+    calls = []
+
+    def engine(name, suffix):
+        def translate(batch):
+            calls.append(name)
+            return [sentence + suffix for sentence in batch]
+        return translate
+
+    batches = [["a", "b"], ["c"]]
+    times, outputs = script.compare([engine("A", ""), engine("B", "!")], batches, repeats=2)
+    # One warm-up call each, then whole passes over the batches in turn: A B A B.
+    assert calls == ["A", "B"] + ["A", "A", "B", "B"] * 2
+    assert [len(seconds) for seconds in times] == [2, 2]
+    assert outputs == [["a", "b", "c"], ["a!", "b!", "c!"]]
+    assert script.spread([1.0, 2.0, 3.0]) == 1.0
+
+
+@pytest.mark.slow
+def test_compare_exports_times_two_exports_of_one_model(tiny_run, tmp_path):
+    from keras_transformer.export import DecodingConfig, Translator, export_translator
+    from keras_transformer.export.run import load_run
+    from tests.data.conftest import toy_pairs, write_lines
+
+    model, source_tokenizer, target_tokenizer, _ = load_run(tiny_run, "final")
+    exports = []
+    for name, drop in (("dropped", True), ("kept", False)):
+        config = DecodingConfig(beam_size=2, max_output_length=12, drop_finished=drop)
+        exports.append(str(export_translator(
+            Translator(model, source_tokenizer, target_tokenizer, config), tmp_path / name)))
+    sources = write_lines(tmp_path / "sources.fr", [pair[0] for pair in toy_pairs(7, 3)])
+    completed = subprocess.run(
+        [sys.executable, str(BENCHMARKS / "compare_exports.py"), *exports, "--sources",
+         str(sources), "--batch-size", "3", "--repeats", "2"],
+        capture_output=True, text=True, timeout=600,
+        env={**os.environ, "PYTHONPATH": str(BENCHMARKS.parent)})
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    out = completed.stdout
+    assert "7 sentences in batches of 3 (input order), 1 intra-op thread(s)" in out, out
+    rows = re.findall(r"^\| (translate|translate_greedy) \| \d+\.\d \| \d+\.\d \| \d\.\d{3} \| "
+                      r"\d+% \| \d+% \| (\d+) \|$", out, re.M)
+    # Dropping finished sentences changes no translation.
+    assert rows == [("translate", "0"), ("translate_greedy", "0")], out
