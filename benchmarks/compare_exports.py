@@ -13,7 +13,7 @@ Only `tensorflow` and `tensorflow_text` run the exports (like the model server).
 """
 
 import argparse
-import gzip
+import functools
 import os
 import statistics
 import sys
@@ -53,9 +53,9 @@ def read_sources(path, data_dir=None, limit=None):
         sentences = [example["en"].decode("utf-8") for example in
                      load_multi30k("test_2016", local_dir=data_dir).as_numpy_iterator()]
     else:
-        opener = gzip.open if str(path).endswith(".gz") else open
-        with opener(path, "rt", encoding="utf-8") as lines:
-            sentences = [line.rstrip("\n") for line in lines]
+        from keras_transformer.data.readers import iter_lines
+
+        sentences = list(iter_lines(path))
     sentences = sentences[:limit] if limit else sentences
     if not sentences:
         raise SystemExit(f"No sentences to translate in {path or 'test_2016'}.")
@@ -65,6 +65,11 @@ def read_sources(path, data_dir=None, limit=None):
 def spread(values):
     """(max - min) / median."""
     return (max(values) - min(values)) / statistics.median(values)
+
+
+def _translations(signature, batch):
+    """A signature's translations (bytes) of a list of sentences."""
+    return signature(text=batch)["translation"].numpy().tolist()
 
 
 def compare(functions, batches, repeats):
@@ -117,10 +122,7 @@ def main(argv=None):
         if missing:
             raise SystemExit(f"No signature {name!r} in {', '.join(missing)}.")
 
-        def function(batch, signature=None):
-            return signature(text=tf.constant(batch))["translation"].numpy().tolist()
-
-        functions = [lambda batch, s=model.signatures[name]: function(batch, s)
+        functions = [functools.partial(_translations, model.signatures[name])
                      for model in loaded]
         times, outputs = compare(functions, batches, args.repeats)
         rates = [len(sentences) / statistics.median(seconds) for seconds in times]
