@@ -33,3 +33,34 @@ def test_serialization_round_trip():
     restored = keras.metrics.deserialize(keras.metrics.serialize(metric))
     assert isinstance(restored, MaskedAccuracy)
     assert restored.get_config() == metric.get_config()
+
+
+def test_reads_the_logits_once():
+    # The logits are the largest tensor of a training step, (B, T, V): the metric takes
+    # their argmax in one pass (Keras' `ops.argmax` adds half a dozen passes over a float
+    # input to order -0.0 below 0.0, which an accuracy does not need).
+    import tensorflow as tf
+
+    metric = MaskedAccuracy()
+    logits_spec = tf.TensorSpec((2, 3, 7), tf.bfloat16)
+
+    @tf.function
+    def update(labels, logits):
+        metric.update_state(labels, logits)
+
+    graph = update.get_concrete_function(tf.TensorSpec((2, 3), tf.int32), logits_spec).graph
+    logits = graph.inputs[1]
+    readers = [op.type for op in graph.get_operations()
+               if logits.name in [tensor.name for tensor in op.inputs]]
+    assert readers == ["ArgMax"]
+
+
+def test_bfloat16_logits_give_the_float32_result():
+    labels = np.array([[1, 2, 3, 0]])
+    logits = _one_hot_logits([[1, 2, 4, 3]]) * 3.0
+    results = []
+    for dtype in ("float32", "bfloat16"):
+        metric = MaskedAccuracy()
+        metric.update_state(labels, keras.ops.cast(logits, dtype))
+        results.append(float(metric.result()))
+    np.testing.assert_allclose(results, [2 / 3, 2 / 3], rtol=1e-6)

@@ -85,3 +85,69 @@ def test_reference_recipe_cools_down_within_its_budget_and_quick_over_its_two_ep
     assert config.lr_cooldown == 0.3 and config.time_budget_minutes == 55.0
     quick = get_preset("quick")  # no budget: its length, epochs x batches, is known
     assert quick.lr_cooldown == 0.3 and quick.time_budget_minutes is None and quick.epochs == 2
+
+
+# --- The fused Adam update -------------------------------------------------------------
+
+
+def _step_ops(optimizer, variables, gradients):
+    """The op types of one traced `apply` of `optimizer`."""
+    import tensorflow as tf
+
+    @tf.function
+    def apply():
+        optimizer.apply(gradients, variables)
+
+    graph = apply.get_concrete_function().graph
+    types = [node.op for node in graph.as_graph_def().node]
+    for function in graph.as_graph_def().library.function:
+        types += [node.op for node in function.node_def]
+    return types
+
+
+def test_make_optimizer_updates_each_variable_with_one_fused_kernel():
+    # Keras' Adam updates a variable with about a dozen elementwise ops, each a pass over
+    # the variable; ours with TensorFlow's one `ResourceApplyAdam` kernel.
+    optimizer = make_optimizer(d_model=4, warmup_steps=1, global_clipnorm=1.0)
+    variables = [keras.Variable(np.ones((3, 2), "float32")), keras.Variable(np.ones(2, "float32"))]
+    optimizer.build(variables)
+    gradients = [keras.ops.ones((3, 2)), keras.ops.ones(2)]
+    types = _step_ops(optimizer, variables, gradients)
+    assert types.count("ResourceApplyAdam") == 2
+    assert "AssignSubVariableOp" not in types
+
+
+@pytest.mark.parametrize("clipping", [{}, {"global_clipnorm": 0.5}, {"clipnorm": 0.5}])
+def test_fused_adam_follows_keras_adam(clipping):
+    rng = np.random.default_rng(0)
+    shapes = [(5, 3), (3,)]
+    start = [rng.normal(size=s).astype("float32") for s in shapes]
+    steps = [[rng.normal(size=s).astype("float32") for s in shapes] for _ in range(6)]
+    results = []
+    for fused in (True, False):
+        optimizer = make_optimizer(d_model=4, warmup_steps=2, **clipping)
+        if not fused:
+            optimizer = keras.optimizers.Adam.from_config(optimizer.get_config())
+        variables = [keras.Variable(value) for value in start]
+        for gradients in steps:
+            optimizer.apply([keras.ops.convert_to_tensor(g) for g in gradients], variables)
+        results.append([np.array(v) for v in variables] + [
+            np.array(m) for m in optimizer._momentums + optimizer._velocities])
+    for fused, reference in zip(*results):
+        np.testing.assert_allclose(fused, reference, rtol=2e-5, atol=1e-6)
+    assert int(optimizer.iterations) == 6
+
+
+def test_fused_adam_round_trips_and_falls_back_for_amsgrad():
+    from keras_transformer.training.optimizers import FusedAdam
+
+    optimizer = make_optimizer(d_model=4, warmup_steps=1)
+    assert isinstance(optimizer, FusedAdam)
+    restored = keras.optimizers.deserialize(keras.optimizers.serialize(optimizer))
+    assert isinstance(restored, FusedAdam)
+    assert restored.get_config() == optimizer.get_config()
+    # AMSGrad has no fused kernel here: Keras' own update runs, and still learns.
+    amsgrad = FusedAdam(learning_rate=0.1, amsgrad=True)
+    variable = keras.Variable(np.array([1.0], "float32"))
+    amsgrad.apply([keras.ops.ones(1)], [variable])
+    np.testing.assert_allclose(np.array(variable), [0.9], rtol=1e-5)
