@@ -151,3 +151,27 @@ def test_fused_adam_round_trips_and_falls_back_for_amsgrad():
     variable = keras.Variable(np.array([1.0], "float32"))
     amsgrad.apply([keras.ops.ones(1)], [variable])
     np.testing.assert_allclose(np.array(variable), [0.9], rtol=1e-5)
+
+
+def test_a_model_saved_with_keras_adam_continues_with_fused_adam(tmp_path):
+    # Runs saved before `make_optimizer` returned `FusedAdam` hold Keras' Adam: their
+    # optimizer state (step, moments) loads into it unchanged.
+    def model(optimizer):
+        model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+        model.compile(optimizer=optimizer, loss="mse")
+        return model
+
+    rng = np.random.default_rng(0)
+    x, y = rng.normal(size=(8, 3)), rng.normal(size=(8, 2))
+    adam = keras.optimizers.Adam.from_config(make_optimizer(d_model=4, warmup_steps=1).get_config())
+    assert type(adam) is keras.optimizers.Adam
+    saved = model(adam)
+    saved.fit(x, y, epochs=3, verbose=0)
+    saved.save(tmp_path / "model.keras")
+    loaded = model(make_optimizer(d_model=4, warmup_steps=1))
+    loaded.optimizer.build(loaded.trainable_variables)
+    loaded.load_weights(tmp_path / "model.keras")
+    assert int(loaded.optimizer.iterations) == int(saved.optimizer.iterations) == 3
+    for mine, theirs in zip(loaded.optimizer.variables, saved.optimizer.variables):
+        np.testing.assert_array_equal(keras.ops.convert_to_numpy(mine),
+                                      keras.ops.convert_to_numpy(theirs))
