@@ -63,6 +63,11 @@ def parse_args(argv=None):
         "MaskedSparseCategoricalCrossentropy(label_smoothing=0.1), keras-hub's keeps keras' "
         "(which has no label smoothing, so it does less work)")
     parser.add_argument(
+        "--optimizer", choices=("same", "own"), default="same",
+        help="same: both models use keras' Adam; own: ours uses the package's FusedAdam (one "
+        "fused update kernel per variable, what `make_optimizer` gives our recipes), "
+        "keras-hub's keeps keras' Adam")
+    parser.add_argument(
         "--jit-compile", choices=("false", "true"), default="false",
         help="model.compile(jit_compile=...) for both models: true compiles each training step "
         "with XLA (the batches have one fixed shape, so it compiles once); false is what "
@@ -153,14 +158,20 @@ def build_keras_hub(args):
     )
 
 
-def compile_model(model, args, own_loss=False):
+def compile_model(model, args, own_loss=False, own_optimizer=False):
     if own_loss:
         from keras_transformer.training.losses import MaskedSparseCategoricalCrossentropy
 
         loss = MaskedSparseCategoricalCrossentropy(label_smoothing=0.1, pad_id=PAD_ID)
     else:
         loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True, ignore_class=PAD_ID)
-    model.compile(optimizer=keras.optimizers.Adam(args.learning_rate), loss=loss,
+    if own_optimizer:
+        from keras_transformer.training.optimizers import FusedAdam
+
+        optimizer = FusedAdam(args.learning_rate)
+    else:
+        optimizer = keras.optimizers.Adam(args.learning_rate)
+    model.compile(optimizer=optimizer, loss=loss,
                   jit_compile=args.jit_compile == "true")
     return model
 
@@ -174,7 +185,9 @@ def run(args):
     keras.utils.set_random_seed(args.seed)
     models = {"keras_transformer": build_ours(args), "keras_hub": build_keras_hub(args)}
     for name, model in models.items():
-        compile_model(model, args, own_loss=args.loss == "own" and name == "keras_transformer")
+        ours = name == "keras_transformer"
+        compile_model(model, args, own_loss=args.loss == "own" and ours,
+                      own_optimizer=args.optimizer == "own" and ours)
     batches = make_batches(args, args.warmup + args.steps)
     seconds = dict.fromkeys(models, 0.0)
     tokens = 0
@@ -191,6 +204,7 @@ def run(args):
             tokens += real_tokens(inputs, labels)
     return {
         name: {
+            "optimizer": type(models[name].optimizer).__name__,
             "parameters": models[name].count_params(),
             "tokens_per_second": tokens / seconds[name],
             "jit_compile": models[name].jit_compile,
@@ -207,12 +221,13 @@ def main(argv=None):
         f"{args.layers}+{args.layers} layers, d_model {args.d_model}, {args.heads} heads, "
         f"ff {args.ff_dim}, vocab {args.vocab_size}, batches {args.batch_size}x{args.length}, "
         f"{args.steps} timed steps after {args.warmup} warm-up steps, loss: {args.loss}, "
-        f"XLA: {xla}"
+        f"optimizer: {args.optimizer}, XLA: {xla}"
     )
-    print("| model | parameters | real tokens/s (src+tgt) |")
-    print("|---|---|---|")
+    print("| model | optimizer | parameters | real tokens/s (src+tgt) |")
+    print("|---|---|---|---|")
     for name, row in results.items():
-        print(f"| {name} | {row['parameters']:,} | {row['tokens_per_second']:,.0f} |")
+        print(f"| {name} | {row['optimizer']} | {row['parameters']:,} "
+              f"| {row['tokens_per_second']:,.0f} |")
     ratio = (results["keras_transformer"]["tokens_per_second"]
              / results["keras_hub"]["tokens_per_second"])
     print(f"ratio keras_transformer / keras_hub: {ratio:.2f}x")
