@@ -46,6 +46,40 @@ def test_train_throughput_measures_a_preset_with_a_cooldown():
     assert result["tokens_per_second"] > 0 and result["overrides"] == {"lr_cooldown": "0.3"}
 
 
+def test_profile_train_step_sums_op_events_of_the_compute_threads():
+    from tensorflow.tsl.profiler.protobuf import xplane_pb2
+
+    script = _load("profile_train_step")
+    xspace = xplane_pb2.XSpace()
+    plane = xspace.planes.add(name="/host:CPU")
+    for key, name in enumerate(["ExecutorState::Process", "dense/MatMul:_MklMatMul",
+                                "Mul", "MemoryAllocation"], start=1):
+        plane.event_metadata[key].name = name
+    compute = plane.lines.add(name="tf_Compute/123")
+    # A work item (1 us) wrapping two ops, then a memory event: only the ops count.
+    for key, picoseconds in [(1, 10**6), (2, 6 * 10**5), (3, 2 * 10**5), (2, 10**5), (4, 5)]:
+        compute.events.add(metadata_id=key, duration_ps=picoseconds)
+    python = plane.lines.add(name="python")  # not a compute thread
+    python.events.add(metadata_id=3, duration_ps=10**9)
+    times = script.op_times(xspace)
+    assert times.keys() == {"_MklMatMul", "Mul"}
+    assert times["_MklMatMul"] == pytest.approx((0.7, 2))
+    assert times["Mul"] == pytest.approx((0.2, 1))
+
+
+@pytest.mark.slow
+def test_profile_train_step_prints_the_op_table(capsys):
+    script = _load("profile_train_step")
+    script.main(["--preset", "tiny", "--precision", "float32", "--steps", "2", "--warmup", "1",
+                 "--top", "3"])
+    out = capsys.readouterr().out
+    assert re.search(r"wall [\d.]+ ms per step, op time [\d.]+ ms per step, \d+ ops per step",
+                     out), out
+    rows = re.findall(r"^\| (\S+) \| [\d.]+ \| [\d.]+% \| \d+ \|$", out, re.MULTILINE)
+    assert len(rows) == 3 and any("MatMul" in row for row in rows), out
+    assert re.search(r"^\| \d+ other types \|", out, re.MULTILINE), out
+
+
 @pytest.fixture(scope="module")
 def tiny_run(tmp_path_factory):
     """A tiny trained run (2 epochs, 2 kept checkpoints, averaged) on toy fr-en pairs."""

@@ -1,4 +1,4 @@
-"""Child script of `test_distribution.py`: one SGD step, default vs. Mirrored strategy.
+"""Child script of `test_distribution.py`: one step, default vs. Mirrored strategy.
 
 Splits the CPU into two logical devices (this must happen before TensorFlow initializes,
 hence a separate process), trains the stand-in model for one step on the same global
@@ -30,6 +30,7 @@ from keras_transformer.training.losses import (  # noqa: E402
     MaskedSparseCategoricalCrossentropy,
 )
 from keras_transformer.training.metrics import MaskedAccuracy  # noqa: E402
+from keras_transformer.training.optimizers import FusedAdam  # noqa: E402
 from keras_transformer import build_transformer  # noqa: E402
 from tests.training.stand_in import build_stand_in_model  # noqa: E402
 
@@ -69,11 +70,32 @@ def build_model(kind):
     return build_stand_in_model(VOCAB_SIZE, seed=3)
 
 
-def run(strategy, loss, kind):
+def replicas_agree(model):
+    """Whether every variable holds the same value on every replica (True without any)."""
+    for variable in model.variables:
+        values = getattr(variable.value, "values", None) or ()
+        if any(not np.array_equal(values[0].numpy(), other.numpy()) for other in values[1:]):
+            return False
+    return True
+
+
+def make_optimizer(name):
+    """SGD, whose update is the gradient itself, or the package's `FusedAdam` (its fused
+    kernel updating each replica's copy of a variable inside `Strategy.update`)."""
+    if name == "fused_adam":
+        # Adam divides each gradient by its own size: gradients that are 0 in exact
+        # arithmetic (the attention keys' biases) but rounding noise in float32 would move
+        # their weights by up to the learning rate, differently in each strategy. An
+        # epsilon far above that noise keeps them still.
+        return FusedAdam(learning_rate=0.01, epsilon=1e-3)
+    return keras.optimizers.SGD(learning_rate=1.0)
+
+
+def run(strategy, loss, kind, optimizer="sgd"):
     with strategy.scope():
         model = build_model(kind)
         model.compile(
-            optimizer=keras.optimizers.SGD(learning_rate=1.0),
+            optimizer=make_optimizer(optimizer),
             loss=loss,
             metrics=[MaskedAccuracy()],
         )
@@ -83,6 +105,7 @@ def run(strategy, loss, kind):
     )
     history = model.fit(global_batch(), epochs=1, verbose=0, callbacks=[record])
     return {
+        "replicas_agree": replicas_agree(model),
         "loss": history.history["loss"][0],
         "accuracy": history.history["masked_accuracy"][0],
         "batch_loss": float(batch_logs[0]["loss"]),
@@ -93,13 +116,16 @@ def run(strategy, loss, kind):
 
 def main():
     kind = sys.argv[1] if len(sys.argv) > 1 else "stand_in"
+    optimizer = sys.argv[2] if len(sys.argv) > 2 else "sgd"
     keras.utils.set_random_seed(0)
     mirrored = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
     assert mirrored.num_replicas_in_sync == 2
+    loss = MaskedSparseCategoricalCrossentropy
     results = {
-        "default": run(tf.distribute.get_strategy(), MaskedSparseCategoricalCrossentropy(), kind),
-        "mirrored": run(mirrored, MaskedSparseCategoricalCrossentropy(), kind),
-        "naive_mirrored": run(mirrored, NaiveMeanOfMeans(), kind),
+        "default": run(tf.distribute.get_strategy(), loss(), kind, optimizer),
+        "mirrored": run(mirrored, loss(), kind, optimizer),
+        "naive_mirrored": run(mirrored, NaiveMeanOfMeans(), kind, optimizer),
+        "optimizer": optimizer,
     }
     print("RESULT " + json.dumps(results))
 

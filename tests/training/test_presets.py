@@ -69,3 +69,10 @@ def test_from_file_with_preset_and_overrides(tmp_path):
     path.write_text('{"preset": "quick", "d_modle": 4}')
     with pytest.raises(ValueError, match="d_modle"):
         TrainingConfig.from_file(path)
+
+
+def test_reference_recipe_raises_dropout_only_in_runs_of_30_epochs_or_more():
+    # 40 epochs gained from late dropout, 25 lost (benchmarks/RESULTS.md, session 31).
+    config = get_preset("multi30k")
+    assert (config.dropout, config.late_dropout, config.late_dropout_after) == (0.1, 0.3, 12)
+    assert config.late_dropout_min_epochs == 30
