@@ -124,9 +124,10 @@ def main():
     results = {
         "default": run(tf.distribute.get_strategy(), loss(), kind, optimizer),
         "mirrored": run(mirrored, loss(), kind, optimizer),
-        "naive_mirrored": run(mirrored, NaiveMeanOfMeans(), kind, optimizer),
         "optimizer": optimizer,
     }
+    if optimizer == "sgd":  # SGD's update shows a wrongly scaled gradient one to one
+        results["naive_mirrored"] = run(mirrored, NaiveMeanOfMeans(), kind, optimizer)
     print("RESULT " + json.dumps(results))
 
 
