@@ -175,3 +175,20 @@ def test_a_model_saved_with_keras_adam_continues_with_fused_adam(tmp_path):
     for mine, theirs in zip(loaded.optimizer.variables, saved.optimizer.variables):
         np.testing.assert_array_equal(keras.ops.convert_to_numpy(mine),
                                       keras.ops.convert_to_numpy(theirs))
+
+
+def test_fused_adam_trains_the_same_under_xla():
+    from keras_transformer.training.optimizers import FusedAdam
+
+    rng = np.random.default_rng(0)
+    x, y = rng.normal(size=(16, 3)), rng.normal(size=(16, 2))
+    weights = []
+    for jit_compile in (False, True):
+        keras.utils.set_random_seed(0)
+        model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(4), keras.layers.Dense(2)])
+        model.compile(optimizer=FusedAdam(0.01), loss="mse", jit_compile=jit_compile)
+        model.fit(x, y, epochs=3, verbose=0)
+        assert model.jit_compile == jit_compile
+        weights.append(model.get_weights())
+    for eager, compiled in zip(*weights):
+        np.testing.assert_allclose(compiled, eager, rtol=1e-5, atol=1e-6)
