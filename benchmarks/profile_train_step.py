@@ -16,12 +16,14 @@ Time it on an otherwise idle machine.
 import argparse
 import collections
 import glob
-import json
 import os
+import sys
 import tempfile
 import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+# The preset's model and pipeline are built as train_throughput.py builds them.
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 # Profiler events that wrap the ops of a step (the executor's work items, thread-pool
 # bookkeeping, memory events), not ops themselves.
@@ -33,14 +35,6 @@ NOT_OPS = frozenset({
 # The profiler's threads that run a step's ops (`tf_Compute/...`); others are Python's or
 # the intra-op pool's (whose events are bookkeeping only).
 COMPUTE_THREAD_PREFIX = "tf_Compute"
-
-
-def _value(text):
-    """A `--set` value: JSON when it parses (numbers, booleans, null), else the string."""
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError:
-        return text
 
 
 def op_times(xspace):
@@ -77,29 +71,12 @@ def read_trace(log_dir):
 
 def profile(preset, precision, steps, warmup, overrides=()):
     """`{"wall_ms", "ops": {type: (ms per step, ops per step)}, ...}` of `steps` traced steps."""
-    import keras
     import tensorflow as tf
 
-    from keras_transformer.data import load_multi30k
-    from keras_transformer.training import get_preset
-    from keras_transformer.training.presets import resolve_precision
-    from keras_transformer.training.trainer import (
-        build_model, compile_model, make_datasets, prepare_tokenizers,
-    )
+    from train_throughput import preset_model
 
-    overrides = dict(item.split("=", 1) for item in overrides)
-    config = get_preset(preset).replace(
-        precision=precision, **{k: _value(v) for k, v in overrides.items()})
-    keras.utils.set_random_seed(config.seed)
-    policy = resolve_precision(precision)
-    if policy:
-        keras.config.set_dtype_policy(policy)
-    splits = {s: load_multi30k(s) for s in ("train", "validation")}
-    with tempfile.TemporaryDirectory() as tmp:
-        source, target = prepare_tokenizers(config, splits["train"], tmp)
-        _, train_ds, _ = make_datasets(config, splits, source, target)
-        model = compile_model(build_model(config, source, target), config,
-                              total_steps=warmup + steps)
+    with preset_model(preset, precision, warmup + steps, overrides) as (
+            model, train_ds, policy, overrides), tempfile.TemporaryDirectory() as tmp:
         iterator = iter(train_ds.repeat())
         batches = [next(iterator) for _ in range(warmup + steps)]  # the pipeline untimed
         for inputs, labels in batches[:warmup]:

@@ -8,6 +8,7 @@ policy is clean. Prints a Markdown table for benchmarks/RESULTS.md.
 """
 
 import argparse
+import contextlib
 import json
 import os
 import subprocess
@@ -25,14 +26,22 @@ def _value(text):
         return text
 
 
-def measure(preset, precision, steps, warmup, overrides=(), jit_compile="auto"):
+@contextlib.contextmanager
+def preset_model(preset, precision, total_steps, overrides=(), jit_compile="auto"):
+    """Yields `(model, train_ds, precision, overrides)`: a preset's compiled model and its
+    Multi30K training pipeline, as a run builds them (also used by profile_train_step.py).
+
+    `precision` may be `"auto"` (this machine's choice; the resolved one is yielded, `None`
+    for float32), `overrides` are `--set` items `FIELD=VALUE` (yielded as a dict) and
+    `total_steps` the updates the caller takes: the run a cooldown (`lr_cooldown`) would end.
+    """
     import keras
 
     from keras_transformer.data import load_multi30k
     from keras_transformer.training import get_preset
     from keras_transformer.training.presets import resolve_precision
     from keras_transformer.training.trainer import (
-        build_model, compile_model, make_datasets, prepare_tokenizers, training_tokens_per_second,
+        build_model, compile_model, make_datasets, prepare_tokenizers,
     )
 
     overrides = dict(item.split("=", 1) for item in overrides)
@@ -47,9 +56,16 @@ def measure(preset, precision, steps, warmup, overrides=(), jit_compile="auto"):
         source, target = prepare_tokenizers(config, splits["train"], tmp)
         _, train_ds, _ = make_datasets(config, splits, source, target)
         jit = {"auto": "auto", "true": True, "false": False}[jit_compile]
-        # The benchmark's own updates are the run a cooldown (`lr_cooldown`) would end.
         model = compile_model(build_model(config, source, target), config, jit_compile=jit,
-                              total_steps=warmup + steps)
+                              total_steps=total_steps)
+        yield model, train_ds, precision, overrides
+
+
+def measure(preset, precision, steps, warmup, overrides=(), jit_compile="auto"):
+    from keras_transformer.training.trainer import training_tokens_per_second
+
+    with preset_model(preset, precision, warmup + steps, overrides, jit_compile) as (
+            model, train_ds, precision, overrides):
         rate = training_tokens_per_second(model, train_ds, steps=steps, warmup_steps=warmup)
     return {"preset": preset, "precision": precision or "float32", "tokens_per_second": rate,
             "parameters": model.count_params(), "steps": steps,
