@@ -137,6 +137,21 @@ class SubwordTokenizer(tf.Module):
             Tsplits=tf.int64,
         )
         ids = tf.RaggedTensor.from_row_splits(values, row_splits, validate=False)
+        return self.add_special_tokens(ids, max_length, add_start, add_end)
+
+    @staticmethod
+    def add_special_tokens(ids, max_length=None, add_start=False, add_end=False):
+        """Cuts text ids to leave room for START/END, then adds them (as `tokenize` does).
+
+        Args:
+            ids: int32 `tf.RaggedTensor` `(B, None)` of text ids.
+            max_length: int or None, see `tokenize`.
+            add_start: bool, prepend `START_ID`. Defaults to `False`.
+            add_end: bool, append `END_ID`. Defaults to `False`.
+
+        Returns:
+            int32 `tf.RaggedTensor` `(B, None)`.
+        """
         num_special = int(add_start) + int(add_end)
         if max_length is not None:
             if max_length <= num_special:

@@ -27,6 +27,7 @@ from keras_transformer.data.preparation import (
 )
 from keras_transformer.model import build_transformer
 from keras_transformer.text import load_tokenizers, train_tokenizers
+from keras_transformer.text.subword_sampling import SegmentationSampler
 from keras_transformer.training.callbacks import (
     BleuCallback,
     LateDropout,
@@ -265,14 +266,47 @@ def epoch_seed(seed, epoch):
     return seed + epoch * _EPOCH_SEED_STRIDE
 
 
+def segmentation_samplers(config, train_pairs, source_tokenizer, target_tokenizer,
+                          log=print):
+    """The source and target `SegmentationSampler`s of a run with `config.subword_nbest > 1`.
+
+    Reads the training pairs once; refuses a training set of more than `CACHE_MAX_PAIRS`
+    pairs (every sentence's candidates stay in memory).
+
+    Returns:
+        `(source sampler, target sampler)`, or `None` when `config.subword_nbest == 1`.
+    """
+    if config.subword_nbest == 1:
+        return None
+    sources, targets = [], []
+    for pair in train_pairs.as_numpy_iterator():
+        if len(sources) == CACHE_MAX_PAIRS:
+            raise ValueError(
+                f"subword_nbest={config.subword_nbest} keeps every training sentence's "
+                f"segmentations in memory, for at most {CACHE_MAX_PAIRS:,} pairs; this "
+                "training set has more. Use subword_nbest=1 or train_subset.")
+        sources.append(pair[config.source_lang])
+        targets.append(pair[config.target_lang])
+    return tuple(
+        SegmentationSampler(tokenizer, sentences, config.subword_nbest, config.subword_alpha,
+                            log=lambda message, side=side: log(f"{message} ({side})"))
+        for tokenizer, sentences, side in ((source_tokenizer, sources, "source"),
+                                           (target_tokenizer, targets, "target")))
+
+
 def make_epoch_train_dataset(config, train_pairs, source_tokenizer, target_tokenizer,
-                             replicas=1, initial_epoch=0, data_report=None):
+                             replicas=1, initial_epoch=0, data_report=None, samplers=None):
     """Training batches of epochs `initial_epoch, ..., config.epochs - 1`, back to back.
 
     Epoch `e` is the pipeline shuffled with `epoch_seed(config.seed, e)`: the batches of
     an epoch do not depend on which process trains it, so a resumed or continued run sees
     exactly the batches an uninterrupted one does. With `config.steps_per_epoch` each
     epoch is that many batches (its data repeated if needed); otherwise one pass.
+
+    With `samplers` (`segmentation_samplers`, subword regularization) epoch `e` reads each
+    sentence in the segmentation its samplers draw with that seed. Sampled segmentations
+    change the batches' lengths and so their number: an epoch is then as many batches as
+    one pass of the best segmentations makes (its shuffled data cut or repeated to that).
 
     With a `data_report` (see `keras_transformer.data.prepare_data_report`) over-long pairs
     are dropped as the report counted them and its batch count is the epoch's length;
@@ -285,10 +319,15 @@ def make_epoch_train_dataset(config, train_pairs, source_tokenizer, target_token
     if data_report is not None:
         batching["drop_long"] = config.drop_long_pairs
 
-    def one_epoch(epoch):
+    def one_epoch(epoch, sampled=True):
+        source, target = source_tokenizer, target_tokenizer
+        seed = epoch_seed(config.seed, epoch)
+        if samplers is not None and sampled:
+            source, target = (sampler.tokenizer(tf.stack([seed, tf.constant(side, seed.dtype)]))
+                              for side, sampler in enumerate(samplers))
         return make_translation_dataset(
-            train_pairs, source_tokenizer, target_tokenizer, shuffle=True,
-            seed=epoch_seed(config.seed, epoch), repeat=config.steps_per_epoch is not None,
+            train_pairs, source, target, shuffle=True, seed=seed,
+            repeat=config.steps_per_epoch is not None or (samplers is not None and sampled),
             # Cached data would be cached per epoch here, so it is not cached at all:
             # tokenizing a corpus is cheap next to training on it.
             cache=False, **batching,
@@ -301,11 +340,14 @@ def make_epoch_train_dataset(config, train_pairs, source_tokenizer, target_token
         # The number of batches does not depend on the order: every length bucket
         # yields ceil(its examples / its batch size) batches, so one count holds for
         # every epoch.
-        steps = int(one_epoch(tf.constant(0, tf.int64)).reduce(0, lambda count, _: count + 1))
+        steps = int(one_epoch(tf.constant(0, tf.int64), sampled=False).reduce(
+            0, lambda count, _: count + 1))
 
     def epoch_batches(epoch):
         batches = one_epoch(epoch)
-        return batches.take(steps) if config.steps_per_epoch is not None else batches
+        if config.steps_per_epoch is not None or samplers is not None:
+            batches = batches.take(steps)
+        return batches
 
     dataset = tf.data.Dataset.range(initial_epoch, max(config.epochs, initial_epoch)).flat_map(
         epoch_batches
@@ -446,9 +488,12 @@ def train(
     train_pairs, _, val_ds = make_datasets(
         config, splits, source_tokenizer, target_tokenizer, replicas, data_report
     )
+    samplers = segmentation_samplers(
+        config, train_pairs, source_tokenizer, target_tokenizer,
+        log=lambda message: print(message, flush=True) if chief else None)
     train_ds, steps_per_epoch = make_epoch_train_dataset(
         config, train_pairs, source_tokenizer, target_tokenizer, replicas, initial_epoch,
-        data_report,
+        data_report, samplers,
     )
     train_ds = shard_by_data(train_ds)
     val_ds = shard_by_data(val_ds) if val_ds is not None else None
@@ -602,5 +647,5 @@ def training_tokens_per_second(model, dataset, steps=20, warmup_steps=3):
 
 __all__ = ["ConfigMismatchError", "RESUMABLE_FIELDS", "TrainingRun", "build_from_spec",
            "build_model", "check_resumable", "compile_model", "epoch_seed", "is_run_directory",
-           "make_datasets", "make_epoch_train_dataset", "prepare_tokenizers", "train",
-           "training_tokens_per_second"]
+           "make_datasets", "make_epoch_train_dataset", "prepare_tokenizers",
+           "segmentation_samplers", "train", "training_tokens_per_second"]
