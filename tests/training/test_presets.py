@@ -76,3 +76,12 @@ def test_reference_recipe_raises_dropout_only_in_runs_of_30_epochs_or_more():
     config = get_preset("multi30k")
     assert (config.dropout, config.late_dropout, config.late_dropout_after) == (0.1, 0.3, 12)
     assert config.late_dropout_min_epochs == 30
+
+
+def test_reference_recipe_and_quick_sample_subword_segmentations():
+    # 16-best, alpha 0.3: 40.85 validation BLEU where the same recipe without it had
+    # 39.78-40.10 (benchmarks/RESULTS.md, session 32). `make run` inherits it.
+    for name in ("multi30k", "quick"):
+        config = get_preset(name)
+        assert (config.subword_nbest, config.subword_alpha) == (16, 0.3)
+    assert get_preset("tiny").subword_nbest == 1
