@@ -78,10 +78,10 @@ def test_reference_recipe_raises_dropout_only_in_runs_of_30_epochs_or_more():
     assert config.late_dropout_min_epochs == 30
 
 
-def test_reference_recipe_and_quick_sample_subword_segmentations():
+def test_reference_recipe_samples_subword_segmentations_and_quick_does_not():
     # 16-best, alpha 0.3: 40.85 validation BLEU where the same recipe without it had
-    # 39.78-40.10 (benchmarks/RESULTS.md, session 32). `make run` inherits it.
-    for name in ("multi30k", "quick"):
-        config = get_preset(name)
-        assert (config.subword_nbest, config.subword_alpha) == (16, 0.3)
-    assert get_preset("tiny").subword_nbest == 1
+    # 39.78-40.10; in quick's 2 epochs it lost (22.60 against 23.87; benchmarks/RESULTS.md,
+    # session 32).
+    config = get_preset("multi30k")
+    assert (config.subword_nbest, config.subword_alpha) == (16, 0.3)
+    assert get_preset("quick").subword_nbest == 1 == get_preset("tiny").subword_nbest
