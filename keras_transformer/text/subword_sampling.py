@@ -23,6 +23,8 @@ from keras_transformer.text.subword_tokenizer import SubwordTokenizer
 
 # Sentences handed to SentencePiece per `nbest_encode` call (bounds the protos in memory).
 _ENCODE_CHUNK = 4096
+# A progress line every this many sentences (about 10 s of `nbest_encode` at nbest 16).
+_PROGRESS_EVERY = 50_000
 # 64-bit fingerprints identify sentences: `tf.strings.to_hash_bucket_fast` into this many
 # buckets (Fingerprint64 modulo it). Two of a million sentences collide with probability
 # about 1e-7; a collision is detected when the sampler is built.
@@ -31,6 +33,46 @@ _HASH_BUCKETS = 2**62
 
 def _fingerprints(strings):
     return tf.strings.to_hash_bucket_fast(strings, _HASH_BUCKETS)
+
+
+def _nbest_lists(processor, texts, nbest, log=None):
+    """Every text's `nbest` best segmentations, as flat lists.
+
+    Candidates are kept as one flat id list and their lengths (`tf.ragged.constant` is
+    quadratic in the number of rows).
+
+    Args:
+        processor: `sentencepiece.SentencePieceProcessor` of a unigram model.
+        texts: list of str.
+        nbest: int, candidates per text.
+        log: callable taking a str, or None: told the progress every
+            `_PROGRESS_EVERY` texts.
+
+    Returns:
+        `(flat, lengths, counts, scores)`: the candidates' ids one after the other, each
+        candidate's length, each text's number of candidates (the empty text has one, of
+        no ids) and float32 `(len(texts), nbest)` log-probabilities, -inf where a text has
+        fewer candidates.
+    """
+    flat, lengths, counts = [], [], []
+    scores = np.full((len(texts), nbest), -np.inf, np.float32)
+    started = time.perf_counter()
+    for start in range(0, len(texts), _ENCODE_CHUNK):
+        chunk = processor.nbest_encode(
+            texts[start:start + _ENCODE_CHUNK], nbest_size=nbest, return_type="proto")
+        for row, result in enumerate(chunk, start):
+            candidates = list(result.nbests) or [None]  # "" has no segmentation
+            counts.append(len(candidates))
+            for j, candidate in enumerate(candidates):
+                pieces = [] if candidate is None else [p.id for p in candidate.pieces]
+                flat.extend(pieces)
+                lengths.append(len(pieces))
+                scores[row, j] = 0.0 if candidate is None else candidate.score
+        done = min(start + _ENCODE_CHUNK, len(texts))
+        if log is not None and done < len(texts) and done % _PROGRESS_EVERY < _ENCODE_CHUNK:
+            log(f"Subword sampling: {done:,} of {len(texts):,} sentences segmented "
+                f"({time.perf_counter() - started:.0f} s)")
+    return flat, lengths, counts, scores
 
 
 class SegmentationSampler:
@@ -54,7 +96,8 @@ class SegmentationSampler:
             (duplicates are kept once).
         nbest: int, candidates per sentence (>= 1; 1 always gives the best one).
         alpha: float, the sharpness of the draw (>= 0).
-        log: callable taking a str, or None: told how long the n-best lists took.
+        log: callable taking a str, or None: told the progress of the n-best lists (on
+            large inputs) and how long they took.
             Defaults to `None`.
 
     Example:
@@ -74,7 +117,6 @@ class SegmentationSampler:
             raise ValueError(f"`nbest` must be an integer >= 1. Received: {nbest}")
         if not alpha >= 0:
             raise ValueError(f"`alpha` must be >= 0. Received: {alpha}")
-        self.base = tokenizer
         self.nbest = int(nbest)
         self.alpha = float(alpha)
         started = time.perf_counter()
@@ -96,21 +138,7 @@ class SegmentationSampler:
         texts = [t.decode("utf-8") for t in tf.strings.unicode_transcode(
             tf.constant(raw or [b""], tf.string)[: len(raw)], "UTF-8", "UTF-8",
             errors="replace", replacement_char=0xFFFD).numpy()]
-        # Candidates as one flat id list and their lengths (`tf.ragged.constant` is
-        # quadratic in the number of rows).
-        flat, lengths, counts = [], [], []
-        scores = np.full((len(texts), self.nbest), -np.inf, np.float32)
-        for start in range(0, len(texts), _ENCODE_CHUNK):
-            chunk = processor.nbest_encode(
-                texts[start:start + _ENCODE_CHUNK], nbest_size=self.nbest, return_type="proto")
-            for row, result in enumerate(chunk, start):
-                candidates = list(result.nbests) or [None]  # "" has no segmentation
-                counts.append(len(candidates))
-                for j, candidate in enumerate(candidates):
-                    pieces = [] if candidate is None else [p.id for p in candidate.pieces]
-                    flat.extend(pieces)
-                    lengths.append(len(pieces))
-                    scores[row, j] = 0.0 if candidate is None else candidate.score
+        flat, lengths, counts, scores = _nbest_lists(processor, texts, self.nbest, log)
         keys = _fingerprints(tf.constant(raw, tf.string)).numpy() if raw else np.zeros(
             [0], np.int64)
         order = np.argsort(keys, kind="stable")
@@ -120,6 +148,7 @@ class SegmentationSampler:
         first = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
         # Sentences sorted by fingerprint; row i's candidates are rows first[i] + j.
         self._keys = tf.constant(keys[order], tf.int64)
+        self._padded_keys = tf.concat([self._keys, tf.constant([-1], tf.int64)], 0)
         self._first = tf.constant(first[order] if len(first) else first, tf.int64)
         scores = scores[order]
         # alpha * -inf would be NaN at alpha 0: missing candidates stay -inf.
@@ -178,13 +207,12 @@ class _SampledTokenizer:
         strings = tf.convert_to_tensor(strings, dtype=tf.string)
         keys = _fingerprints(strings)
         position = tf.searchsorted(sampler._keys, keys)
-        found = tf.gather(sampler._keys, tf.minimum(
-            position, tf.cast(tf.size(sampler._keys) - 1, position.dtype)))
+        # `_padded_keys` ends in -1, which no fingerprint equals: a sentence past the last
+        # key reads it and fails the check like any other unknown sentence.
         with tf.control_dependencies([tf.debugging.assert_equal(
-                tf.logical_and(position < tf.cast(tf.size(sampler._keys), position.dtype),
-                               tf.equal(found, keys)),
-                True, message="Subword sampling was asked for a sentence it was not "
-                "built with (only the training sentences have n-best segmentations).")]):
+                tf.gather(sampler._padded_keys, position), keys,
+                message="Subword sampling was asked for a sentence it was not built with "
+                "(only the training sentences have n-best segmentations).")]):
             position = tf.identity(position)
         choice = tf.gather(self._choices, position)
         ids = tf.gather(sampler._candidates, tf.gather(sampler._first, position) + choice)

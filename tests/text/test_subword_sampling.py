@@ -5,7 +5,8 @@ import pytest
 import tensorflow as tf
 
 from keras_transformer.text import normalize, train_sentencepiece
-from keras_transformer.text.subword_sampling import SegmentationSampler
+from keras_transformer.text import subword_sampling
+from keras_transformer.text.subword_sampling import SegmentationSampler, _fingerprints
 from keras_transformer.text.subword_tokenizer import SubwordTokenizer
 from keras_transformer.text.special_tokens import END_ID, START_ID
 
@@ -79,8 +80,35 @@ def test_works_inside_a_dataset_function(tokenizer, sentences):
 
 def test_an_unknown_sentence_raises(tokenizer, sentences):
     sampler = SegmentationSampler(tokenizer, sentences[:10], nbest=4, alpha=0.2)
+    # Unknown sentences whose fingerprints fall before, between and after the known ones.
+    unknown = [f"A sentence it never saw, number {i}." for i in range(200)]
+    keys = _fingerprints(tf.constant(unknown)).numpy()
+    known = sampler._keys.numpy()
+    between = (keys > known.min()) & (keys < known.max())
+    assert min(keys) < known.min() and max(keys) > known.max() and between.any()
+    picks = [unknown[np.argmin(keys)], unknown[np.argmax(keys)], unknown[np.argmax(between)]]
+    for sentence in picks:
+        with pytest.raises(tf.errors.InvalidArgumentError, match="not built with"):
+            sampler.tokenizer([0, 0]).tokenize([sentences[0], sentence])
+    empty = SegmentationSampler(tokenizer, [], nbest=4, alpha=0.2)
     with pytest.raises(tf.errors.InvalidArgumentError, match="not built with"):
-        sampler.tokenizer([0, 0]).tokenize(["A sentence it never saw."])
+        empty.tokenizer([0, 0]).tokenize([sentences[0]])
+
+
+def test_large_inputs_report_progress(tokenizer, sentences, monkeypatch):
+    monkeypatch.setattr(subword_sampling, "_ENCODE_CHUNK", 20)
+    monkeypatch.setattr(subword_sampling, "_PROGRESS_EVERY", 100)
+    lines = []
+    sampler = SegmentationSampler(tokenizer, sentences, nbest=4, alpha=0.2, log=lines.append)
+    assert [line.split(" sentences")[0] for line in lines[:-1]] == [
+        f"Subword sampling: {done:,} of {sampler.num_sentences:,}" for done in (100, 200, 300)]
+    assert lines[-1].startswith(
+        f"Subword sampling: the 4 best segmentations of {sampler.num_sentences} sentences")
+    # Chunked, the candidates are those of one call.
+    monkeypatch.setattr(subword_sampling, "_ENCODE_CHUNK", 4096)
+    whole = SegmentationSampler(tokenizer, sentences, nbest=4, alpha=0.2)
+    assert _rows(sampler.tokenizer([2, 0]).tokenize(sentences)) == _rows(
+        whole.tokenizer([2, 0]).tokenize(sentences))
 
 
 def test_invalid_settings_and_a_bpe_model_raise(tokenizer, sentences, tmp_path):
