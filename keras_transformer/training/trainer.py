@@ -271,7 +271,8 @@ def segmentation_samplers(config, train_pairs, source_tokenizer, target_tokenize
     """The source and target `SegmentationSampler`s of a run with `config.subword_nbest > 1`.
 
     Reads the training pairs once; refuses a training set of more than `CACHE_MAX_PAIRS`
-    pairs (every sentence's candidates stay in memory).
+    pairs (every sentence's candidates stay in memory). `log` (a callable taking a str, or
+    None for silence) is told the samplers' progress and time.
 
     Returns:
         `(source sampler, target sampler)`, or `None` when `config.subword_nbest == 1`.
@@ -289,7 +290,8 @@ def segmentation_samplers(config, train_pairs, source_tokenizer, target_tokenize
         targets.append(pair[config.target_lang])
     return tuple(
         SegmentationSampler(tokenizer, sentences, config.subword_nbest, config.subword_alpha,
-                            log=lambda message, side=side: log(f"{message} ({side})"))
+                            log=None if log is None else
+                            lambda message, side=side: log(f"{message} ({side})"))
         for tokenizer, sentences, side in ((source_tokenizer, sources, "source"),
                                            (target_tokenizer, targets, "target")))
 

@@ -7,7 +7,8 @@ One module-scoped set of runs is checked for several properties, to keep the tim
 - a two-worker run whose worker 1 is SIGKILLed mid-epoch, then both started again
   with the same command: it resumes from the backup and ends with the weights of the
   uninterrupted two-worker run;
-- the examples each worker receives in an epoch: disjoint, together the whole epoch.
+- the examples each worker receives in an epoch: disjoint, together the whole epoch, also
+  with subword sampling.
 
 Every process has a timeout and is killed in a `finally`, pass or fail.
 """
@@ -190,11 +191,15 @@ def test_killed_worker_resumes_from_the_backup(runs):
     assert json.loads((runs["killed"] / "history.json").read_text())["epochs"] == _EPOCHS
 
 
-def test_each_worker_reads_a_distinct_part_of_the_epoch(runs, multi30k_tfds_dir):
+@pytest.mark.parametrize("subword_nbest", [1, 4], ids=["best", "sampled"])
+def test_each_worker_reads_a_distinct_part_of_the_epoch(runs, multi30k_tfds_dir,
+                                                        subword_nbest):
+    # Sampled (subword regularization), every worker draws the same segmentations from the
+    # run's seed: the parts still make up the epoch one process reads.
     root, tokenizer_run = runs["root"], runs["single"]
     script = str(_HERE / "shard_child.py")
     _run([sys.executable, script, str(tokenizer_run), str(multi30k_tfds_dir),
-          str(root / "shard-all.json")])
+          str(root / f"shard-all-{subword_nbest}.json"), str(subword_nbest)])
     ports = free_ports(2)
     workers = [f"127.0.0.1:{p}" for p in ports]
     processes = []
@@ -205,20 +210,24 @@ def test_each_worker_reads_a_distinct_part_of_the_epoch(runs, multi30k_tfds_dir)
                                            "task": {"type": "worker", "index": index}})
             processes.append(subprocess.Popen(
                 [sys.executable, script, str(tokenizer_run), str(multi30k_tfds_dir),
-                 str(root / f"shard-{index}.json")], env=env, stdout=subprocess.DEVNULL,
-                stderr=open(root / f"shard-{index}.log", "w")))
+                 str(root / f"shard-{index}-{subword_nbest}.json"), str(subword_nbest)],
+                env=env, stdout=subprocess.DEVNULL,
+                stderr=open(root / f"shard-{index}-{subword_nbest}.log", "w")))
         assert _wait(processes) == [0, 0]
     finally:
         stop_processes(processes)
 
     def counted(name):
-        result = json.loads((root / name).read_text())
+        result = json.loads((root / f"{name}-{subword_nbest}.json").read_text())
         return result["steps"], collections.Counter(json.dumps(e) for e in result["examples"])
 
-    steps, whole = counted("shard-all.json")
+    steps, whole = counted("shard-all")
     assert sum(whole.values()) == 80 and max(whole.values()) == 1  # one epoch, no repeats
-    (steps_0, part_0), (steps_1, part_1) = counted("shard-0.json"), counted("shard-1.json")
+    (steps_0, part_0), (steps_1, part_1) = counted("shard-0"), counted("shard-1")
     assert steps_0 == steps_1 == steps
     assert not part_0 & part_1  # disjoint
     assert part_0 + part_1 == whole  # together exactly the epoch
     assert sum(part_0.values()) == sum(part_1.values()) == 40
+    best = collections.Counter(json.dumps(e) for e in json.loads(
+        (root / f"shard-all-{subword_nbest}.json").read_text())["best"])
+    assert (whole == best) == (subword_nbest == 1)
