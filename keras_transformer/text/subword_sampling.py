@@ -146,9 +146,10 @@ class SegmentationSampler:
             raise ValueError("Two different sentences share a 64-bit fingerprint; "
                              "subword sampling cannot tell them apart.")
         first = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
-        # Sentences sorted by fingerprint; row i's candidates are rows first[i] + j.
-        self._keys = tf.constant(keys[order], tf.int64)
-        self._padded_keys = tf.concat([self._keys, tf.constant([-1], tf.int64)], 0)
+        # Sentences sorted by fingerprint; row i's candidates are rows first[i] + j. The
+        # keys end in a sentinel above every fingerprint (< 2**62) that equals none, so a
+        # sentence past the last key finds it and fails the check like any unknown one.
+        self._keys = tf.constant(np.append(keys[order], np.iinfo(np.int64).max), tf.int64)
         self._first = tf.constant(first[order] if len(first) else first, tf.int64)
         scores = scores[order]
         # alpha * -inf would be NaN at alpha 0: missing candidates stay -inf.
@@ -206,11 +207,9 @@ class _SampledTokenizer:
         sampler = self._sampler
         strings = tf.convert_to_tensor(strings, dtype=tf.string)
         keys = _fingerprints(strings)
-        position = tf.searchsorted(sampler._keys, keys)
-        # `_padded_keys` ends in -1, which no fingerprint equals: a sentence past the last
-        # key reads it and fails the check like any other unknown sentence.
+        position = tf.searchsorted(sampler._keys, keys)  # the sentinel's at most
         with tf.control_dependencies([tf.debugging.assert_equal(
-                tf.gather(sampler._padded_keys, position), keys,
+                tf.gather(sampler._keys, position), keys,
                 message="Subword sampling was asked for a sentence it was not built with "
                 "(only the training sentences have n-best segmentations).")]):
             position = tf.identity(position)

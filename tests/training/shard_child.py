@@ -7,8 +7,8 @@ Builds the trainer's real training pipeline (tiny preset, the run's tokenizer, o
 shuffled epoch; with SUBWORD_NBEST > 1 each sentence in a segmentation drawn among its
 SUBWORD_NBEST best, as `subword_nbest` trains), distributes it under the strategy
 `TF_CONFIG` selects and writes every example this worker received as `[encoder ids,
-decoder ids]` without padding, and under "best" the epoch's examples in the tokenizer's own
-segmentation (one process, not distributed).
+decoder ids]` without padding; without `TF_CONFIG` also, under "best", the epoch's examples
+in the tokenizer's own segmentation.
 """
 
 import json
@@ -56,11 +56,13 @@ def main():
         batches.extend(zip(
             [t.numpy() for t in STRATEGY.experimental_local_results(inputs["encoder_tokens"])],
             [t.numpy() for t in STRATEGY.experimental_local_results(inputs["decoder_tokens"])]))
-    best, _ = make_epoch_train_dataset(config, pairs, source_tokenizer, target_tokenizer)
-    best = [(inputs["encoder_tokens"].numpy(), inputs["decoder_tokens"].numpy())
-            for inputs, _ in best]
+    output = {"steps": steps, "examples": _examples(batches)}
+    if "TF_CONFIG" not in os.environ:  # the whole epoch: compared with the best segmentations
+        best, _ = make_epoch_train_dataset(config, pairs, source_tokenizer, target_tokenizer)
+        output["best"] = _examples((inputs["encoder_tokens"].numpy(),
+                                    inputs["decoder_tokens"].numpy()) for inputs, _ in best)
     with open(result, "w", encoding="utf-8") as f:
-        json.dump({"steps": steps, "examples": _examples(batches), "best": _examples(best)}, f)
+        json.dump(output, f)
 
 
 if __name__ == "__main__":

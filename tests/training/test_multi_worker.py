@@ -217,9 +217,9 @@ def test_each_worker_reads_a_distinct_part_of_the_epoch(runs, multi30k_tfds_dir,
     finally:
         stop_processes(processes)
 
-    def counted(name):
+    def counted(name, key="examples"):
         result = json.loads((root / f"{name}-{subword_nbest}.json").read_text())
-        return result["steps"], collections.Counter(json.dumps(e) for e in result["examples"])
+        return result["steps"], collections.Counter(json.dumps(e) for e in result[key])
 
     steps, whole = counted("shard-all")
     assert sum(whole.values()) == 80 and max(whole.values()) == 1  # one epoch, no repeats
@@ -228,6 +228,5 @@ def test_each_worker_reads_a_distinct_part_of_the_epoch(runs, multi30k_tfds_dir,
     assert not part_0 & part_1  # disjoint
     assert part_0 + part_1 == whole  # together exactly the epoch
     assert sum(part_0.values()) == sum(part_1.values()) == 40
-    best = collections.Counter(json.dumps(e) for e in json.loads(
-        (root / f"shard-all-{subword_nbest}.json").read_text())["best"])
+    _, best = counted("shard-all", "best")
     assert (whole == best) == (subword_nbest == 1)
