@@ -311,6 +311,71 @@ class TransformerParts:
         memory = self.encoder(embedded, padding_mask=memory_mask, training=training)
         return memory, memory_mask
 
+    def encode_packed(self, source_ids):
+        """`encode` at inference with the padding left out of every per-token computation.
+
+        The projections, feed-forward layers and norms of the encoder (nearly all of its
+        arithmetic) run on the real tokens only, packed into `(T, d_model)` rows; only the
+        attention itself sees the padded `(B, S)` layout, scattered there and gathered back
+        each block. In batches of sentences of mixed lengths (input order, test_2016 in
+        32s) 44% of the source positions are padding. The same arithmetic as `encode`, in
+        the same dtypes, up to rounding; the memory's padding positions are zero (`encode`
+        leaves values there that every reader masks). Shapes depend on the data: no XLA.
+
+        Args:
+            source_ids: int `(B, S)`, 0 = padding.
+
+        Returns:
+            `(memory (B, S, d_model), memory_mask bool (B, S))`, as `encode`.
+        """
+        memory_mask = ops.not_equal(source_ids, 0)
+        batch, length = ops.shape(source_ids)[0], ops.shape(source_ids)[1]
+        rows = ops.reshape(ops.where(ops.reshape(memory_mask, (-1,)))[0], (-1, 1))  # (T, 1)
+        embedding = self.source_embedding
+        x = embedding(source_ids, training=False)  # (B, S, d): a gather, cheap padded
+        width = ops.shape(x)[-1]
+        x = ops.take(ops.reshape(x, (-1, width)), rows[:, 0], axis=0)  # (T, d)
+        mask = memory_mask[:, None, :]  # (B, 1, S): every query sees the real keys
+
+        def padded(packed):
+            """`(T, n)` rows -> `(B, S, n)`, zeros at padding."""
+            flat = ops.scatter(rows, packed, (batch * length, ops.shape(packed)[-1]))
+            return ops.reshape(flat, (batch, length, -1))
+
+        for block in self.encoder.blocks:
+            attention = block._self_attention
+            num_heads, head_dim = attention.num_heads, attention._head_dim
+            qkv_weights = _cast_projection(
+                _fused_projection(attention, ("query", "key", "value")), block.compute_dtype)
+            output_weights = _dense_weights(attention._output_dense, block.compute_dtype)
+            feed_forward = block._feed_forward
+            inner = _dense_weights(feed_forward._inner_dense, block.compute_dtype)
+            outer = _dense_weights(feed_forward._output_dense, block.compute_dtype)
+
+            def attend(h, attention=attention, num_heads=num_heads, head_dim=head_dim,
+                       qkv_weights=qkv_weights, output_weights=output_weights):
+                qkv = ops.reshape(padded(_linear(h, *qkv_weights)),
+                                  (batch, length, 3, num_heads, head_dim))
+                queries, keys, values = ops.unstack(qkv, axis=2)  # (B, S, H, d_k) each
+                outputs, _ = attention._attend(queries, keys, values, mask, False, False)
+                outputs = ops.take(ops.reshape(outputs, (-1, num_heads * head_dim)),
+                                   rows[:, 0], axis=0)  # (T, H * d_k)
+                return _linear(outputs, *output_weights)
+
+            def feed(h, feed_forward=feed_forward, inner=inner, outer=outer):
+                return _linear(feed_forward._inner_dense.activation(_linear(h, *inner)),
+                               *outer)
+
+            for name, function in (("self_attention", attend), ("feed_forward", feed)):
+                norm = _norm_weights(getattr(block, f"_{name}_norm"))
+                x, _ = sublayer_connection(
+                    x, function, lambda y, norm=norm: _layer_norm(y, norm),
+                    getattr(block, f"_{name}_dropout"), block.norm_first, training=False)
+        final_norm = self.encoder._final_norm
+        if final_norm is not None:
+            x = _layer_norm(x, _norm_weights(final_norm))
+        return padded(x), memory_mask
+
     def initial_cache(self, memory, memory_mask, max_length=None):
         """The whole decoding cache, memory part included (see the class docstring).
 

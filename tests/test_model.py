@@ -219,6 +219,35 @@ def test_cached_next_logits_equal_the_full_forward_pass(norm_first):
     np.testing.assert_allclose(uncached, full, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize(
+    "kwargs",
+    [dict(), dict(norm_first=True, learned_positions=True), dict(tie_embeddings=False),
+     dict(dtype_policy="mixed_bfloat16")],
+    ids=["post_norm", "pre_norm_learned_positions", "untied", "bfloat16"],
+)
+def test_packed_encoder_equals_the_encoder_at_real_positions(kwargs):
+    """`encode_packed` runs the encoder's per-token arithmetic on the real tokens only: the
+    memory equals `encode`'s wherever a reader looks (real positions), zero at padding,
+    also with a whole padding column and a sentence that is only END."""
+    import tensorflow as tf
+
+    policy = kwargs.pop("dtype_policy", None)
+    model = build_transformer(**TINY, **kwargs)
+    if policy:
+        model = with_dtype_policy(model, policy)
+    parts = TransformerParts(model)
+    source = np.array([[5, 6, 7, 8, 2, 0], [9, 10, 2, 0, 0, 0], [2, 0, 0, 0, 0, 0]], "int32")
+    expected, _ = parts.encode(source)
+    packed, mask = tf.function(parts.encode_packed)(source)
+    real = source != 0
+    np.testing.assert_array_equal(_np(mask), real)
+    assert packed.dtype == expected.dtype
+    expected, packed = (_np(ops.cast(x, "float32")) for x in (expected, packed))
+    tolerance = 0.05 if policy else 1e-5
+    np.testing.assert_allclose(packed[real], expected[real], rtol=tolerance, atol=tolerance)
+    assert not np.any(packed[~real])
+
+
 @pytest.mark.slow
 def test_implicit_masks_hide_source_padding_inside_fit_and_predict():
     """Graph mode (`fit`, `predict`): the embeddings' Keras masks still hide padded sources.

@@ -348,7 +348,10 @@ class Translator(tf.Module):
     def _search(self, source_ids, batch_size, max_lengths, search, seeds=None, compiled=False):
         """One search; `compiled`: inside the XLA function (static shapes throughout)."""
         config, parts = self.config, self._parts
-        memory, memory_mask = parts.encode(source_ids)
+        # The padding left out of the encoder's arithmetic, except where XLA needs static
+        # shapes.
+        encode = parts.encode if compiled else parts.encode_packed
+        memory, memory_mask = encode(source_ids)
         common = dict(
             batch_size=batch_size,
             max_length=config.max_output_length,
