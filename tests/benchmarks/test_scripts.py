@@ -293,3 +293,27 @@ def test_compare_exports_times_two_exports_of_one_model(tiny_run, tmp_path):
                       r"\d+% \| \d+% \| (\d+) \|$", out, re.M)
     # Dropping finished sentences changes no translation.
     assert rows == [("translate", "0"), ("translate_greedy", "0")], out
+
+
+@pytest.mark.slow
+def test_encoder_share_times_both_encoders_and_both_searches(tiny_run, tmp_path):
+    from tests.data.conftest import toy_pairs, write_lines
+
+    sources = write_lines(tmp_path / "sources.fr", [pair[0] for pair in toy_pairs(7, 3)])
+    # A process of its own: it sets TensorFlow's thread pools before they start.
+    completed = subprocess.run(
+        [sys.executable, str(BENCHMARKS / "encoder_share.py"), str(tiny_run), "--checkpoint",
+         "final", "--sources", str(sources), "--batch-size", "3", "--repeats", "1"],
+        capture_output=True, text=True, timeout=600,
+        env={**os.environ, "PYTHONPATH": str(BENCHMARKS.parent)})
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    out = completed.stdout
+    assert "7 sentences in batches of 3, 1 thread, best of 1 alternating passes" in out, out
+    for order in ("input order", "sorted by length"):
+        assert re.search(rf"^{order}: \d+\.\d% of the source positions are padding$", out,
+                         re.M), out
+    rows = re.findall(r"^\| (.+?) \| \d+\.\d\d \| \d+\.\d% \| \d+\.\d% \|$", out, re.M)
+    parts = ["tokenize", "tokenize + encoder + memory keys/values, every position",
+             "tokenize + encoder + memory keys/values, real tokens only",
+             "greedy call (as exported)", "beam-4 call (as exported)"]
+    assert rows == parts * 2, out
