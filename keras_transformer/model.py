@@ -317,8 +317,8 @@ class TransformerParts:
         The projections, feed-forward layers and norms of the encoder (nearly all of its
         arithmetic) run on the real tokens only, packed into `(T, d_model)` rows; only the
         attention itself sees the padded `(B, S)` layout, scattered there and gathered back
-        each block. In batches of sentences of mixed lengths (input order, test_2016 in
-        32s) 44% of the source positions are padding. The same arithmetic as `encode`, in
+        each block. In batches of sentences of mixed lengths (test_2016 in 32s, input order)
+        46% of the source positions are padding (benchmarks/encoder_share.py). The same arithmetic as `encode`, in
         the same dtypes, up to rounding; the memory's padding positions are zero (`encode`
         leaves values there that every reader masks). Shapes depend on the data: no XLA.
 
@@ -398,7 +398,8 @@ class TransformerParts:
 
         Source positions stay on the axis before the heads, as the projection leaves them:
         a reshape, where `(B, H, S, d_k)` would cost a transpose per block and tensor
-        (oneDNN's, ~220 us each whatever the size: about 4% of a beam-4 call at batch 1).
+        (oneDNN's, ~220 us each whatever the size: about 4% of the op time of a beam-4
+        call at batch 1, benchmarks/profile_decoder.py).
         """
         cross = []
         for block in self.decoder.blocks:
