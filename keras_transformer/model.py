@@ -318,9 +318,10 @@ class TransformerParts:
         arithmetic) run on the real tokens only, packed into `(T, d_model)` rows; only the
         attention itself sees the padded `(B, S)` layout, scattered there and gathered back
         each block. In batches of sentences of mixed lengths (test_2016 in 32s, input order)
-        46% of the source positions are padding (benchmarks/encoder_share.py). The same arithmetic as `encode`, in
-        the same dtypes, up to rounding; the memory's padding positions are zero (`encode`
-        leaves values there that every reader masks). Shapes depend on the data: no XLA.
+        46% of the source positions are padding (benchmarks/encoder_share.py). The same
+        arithmetic as `encode`, in the same dtypes, up to rounding; the memory's padding
+        positions are zero (`encode` leaves values there that every reader masks). Shapes
+        depend on the data: no XLA.
 
         Args:
             source_ids: int `(B, S)`, 0 = padding.
@@ -330,17 +331,20 @@ class TransformerParts:
         """
         memory_mask = ops.not_equal(source_ids, 0)
         batch, length = ops.shape(source_ids)[0], ops.shape(source_ids)[1]
-        rows = ops.reshape(ops.where(ops.reshape(memory_mask, (-1,)))[0], (-1, 1))  # (T, 1)
-        embedding = self.source_embedding
-        x = embedding(source_ids, training=False)  # (B, S, d): a gather, cheap padded
-        width = ops.shape(x)[-1]
-        x = ops.take(ops.reshape(x, (-1, width)), rows[:, 0], axis=0)  # (T, d)
+        rows = ops.where(ops.reshape(memory_mask, (-1,)))[0]  # (T,): the real positions
         mask = memory_mask[:, None, :]  # (B, 1, S): every query sees the real keys
 
-        def padded(packed):
+        def packed(values):
+            """`(B, S, ...)` -> `(T, n)`: the real positions' rows, flattened."""
+            return ops.take(ops.reshape(values, (batch * length, -1)), rows, axis=0)
+
+        def padded(values):
             """`(T, n)` rows -> `(B, S, n)`, zeros at padding."""
-            flat = ops.scatter(rows, packed, (batch * length, ops.shape(packed)[-1]))
+            flat = ops.scatter(rows[:, None], values, (batch * length, ops.shape(values)[-1]))
             return ops.reshape(flat, (batch, length, -1))
+
+        # The embedding is a gather: as cheap on the padded layout.
+        x = packed(self.source_embedding(source_ids, training=False))  # (T, d)
 
         for block in self.encoder.blocks:
             attention = block._self_attention
@@ -348,9 +352,8 @@ class TransformerParts:
             qkv_weights = _cast_projection(
                 _fused_projection(attention, ("query", "key", "value")), block.compute_dtype)
             output_weights = _dense_weights(attention._output_dense, block.compute_dtype)
-            feed_forward = block._feed_forward
-            inner = _dense_weights(feed_forward._inner_dense, block.compute_dtype)
-            outer = _dense_weights(feed_forward._output_dense, block.compute_dtype)
+            inner = _dense_weights(block._feed_forward._inner_dense, block.compute_dtype)
+            outer = _dense_weights(block._feed_forward._output_dense, block.compute_dtype)
 
             def attend(h, attention=attention, num_heads=num_heads, head_dim=head_dim,
                        qkv_weights=qkv_weights, output_weights=output_weights):
@@ -358,19 +361,14 @@ class TransformerParts:
                                   (batch, length, 3, num_heads, head_dim))
                 queries, keys, values = ops.unstack(qkv, axis=2)  # (B, S, H, d_k) each
                 outputs, _ = attention._attend(queries, keys, values, mask, False, False)
-                outputs = ops.take(ops.reshape(outputs, (-1, num_heads * head_dim)),
-                                   rows[:, 0], axis=0)  # (T, H * d_k)
-                return _linear(outputs, *output_weights)
+                return _linear(packed(outputs), *output_weights)  # (T, d)
 
-            def feed(h, feed_forward=feed_forward, inner=inner, outer=outer):
-                return _linear(feed_forward._inner_dense.activation(_linear(h, *inner)),
-                               *outer)
+            def feed(h, block=block, inner=inner, outer=outer):
+                return _feed_forward_step(block, inner, outer, h)
 
             for name, function in (("self_attention", attend), ("feed_forward", feed)):
                 norm = _norm_weights(getattr(block, f"_{name}_norm"))
-                x, _ = sublayer_connection(
-                    x, function, lambda y, norm=norm: _layer_norm(y, norm),
-                    getattr(block, f"_{name}_dropout"), block.norm_first, training=False)
+                x, _ = _sublayer_step(block, name, norm, x, function)
         final_norm = self.encoder._final_norm
         if final_norm is not None:
             x = _layer_norm(x, _norm_weights(final_norm))
@@ -808,18 +806,23 @@ def _decoder_block_step(block, weights, x, self_cache, cross, memory_bias, sente
         return _linear(ops.reshape(outputs, (-1, width)), *weights["cross_output"])
 
     def feed_forward(h):
-        inner = block._feed_forward._inner_dense.activation(_linear(h, *weights["ff_inner"]))
-        return _linear(inner, *weights["ff_output"])
+        return _feed_forward_step(block, weights["ff_inner"], weights["ff_output"], h)
 
-    def sublayer(name, x, function):
-        # The residual, dropout (the identity at inference) and norm of the blocks' own
-        # sub-layers, the norm with the weights read once.
-        norm = norms[name]
-        return sublayer_connection(x, function, lambda y: _layer_norm(y, norm),
-                                   getattr(block, f"_{name}_dropout"), block.norm_first,
-                                   training=False)
-
-    x, (new_cache,) = sublayer("self_attention", x, self_attend)
-    x, _ = sublayer("cross_attention", x, cross_attend)
-    x, _ = sublayer("feed_forward", x, feed_forward)
+    x, (new_cache,) = _sublayer_step(block, "self_attention", norms["self_attention"], x,
+                                     self_attend)
+    x, _ = _sublayer_step(block, "cross_attention", norms["cross_attention"], x, cross_attend)
+    x, _ = _sublayer_step(block, "feed_forward", norms["feed_forward"], x, feed_forward)
     return x, new_cache
+
+
+def _sublayer_step(block, name, norm, x, function):
+    """A block's sub-layer `name` at inference: `function`, then the block's own residual,
+    dropout (the identity) and norm, the norm with `_norm_weights` read once per search."""
+    return sublayer_connection(x, function, lambda y: _layer_norm(y, norm),
+                               getattr(block, f"_{name}_dropout"), block.norm_first,
+                               training=False)
+
+
+def _feed_forward_step(block, inner, outer, h):
+    """A block's feed-forward layer on rows `h`, with its `_dense_weights` read once."""
+    return _linear(block._feed_forward._inner_dense.activation(_linear(h, *inner)), *outer)
