@@ -161,6 +161,18 @@ def _batching(config, replicas):
     )
 
 
+def padding_report(config, train_pairs, source_tokenizer, target_tokenizer, replicas=1,
+                   num_batches=30):
+    """The padding of a run's own training batches against plain `padded_batch`.
+
+    Measured on the first `num_batches` batches of the run's batching (its token budget
+    or batch size, its bucket edges), with the run's seed; see `compare_padding`.
+    """
+    return compare_padding(train_pairs, source_tokenizer, target_tokenizer,
+                           num_batches=num_batches, seed=config.seed,
+                           **_batching(config, replicas))
+
+
 def make_datasets(config, splits, source_tokenizer, target_tokenizer, replicas=1,
                   data_report=None):
     """The training and validation `tf.data` pipelines of a run.
@@ -502,12 +514,8 @@ def train(
     if verbose == "auto":
         verbose = 1 if getattr(sys.stdout, "isatty", lambda: False)() else 2
     if report_padding and chief:
-        report = compare_padding(
-            train_pairs, source_tokenizer, target_tokenizer, num_batches=30,
-            max_length=config.max_length, batch_size=config.batch_size or 64,
-            tokens_per_batch=config.tokens_per_batch or 2048, seed=config.seed,
-            source_lang=config.source_lang, target_lang=config.target_lang,
-        )
+        report = padding_report(config, train_pairs, source_tokenizer, target_tokenizer,
+                                replicas)
         print(f"Padding per batch: {report}", flush=True)
 
     with strategy.scope():

@@ -102,3 +102,27 @@ def test_batch_plan_matches_pipeline_defaults():
     boundaries, sizes = batch_plan(32, tokens_per_batch=256)
     assert boundaries == [8, 10, 12, 15, 18, 22, 27] and len(sizes) == len(boundaries) + 1
     assert batch_plan(32, batch_size=10, batch_multiple=4) == ([], [8])
+
+
+def test_padding_report_measures_the_runs_own_bucket_edges(toy_corpus, toy_tokenizer):
+    """The trainer's "Padding per batch" line is about the batches the run trains on."""
+    from keras_transformer.data import default_bucket_boundaries, padding_fraction
+    from keras_transformer.training.trainer import padding_report
+
+    pairs = open_source("files", toy_corpus["files"]).dataset("train")
+    edges = (4, 5, 6, 7, 8, 9, 10)
+    config = get_preset("tiny").replace(
+        source_lang="fr", target_lang="en", max_length=16, tokens_per_batch=64,
+        batch_size=None, bucket_boundaries=edges)
+
+    def bucketed(boundaries):
+        return padding_fraction(make_translation_dataset(
+            pairs, toy_tokenizer, toy_tokenizer, "fr", "en", max_length=16,
+            tokens_per_batch=64, bucket_boundaries=boundaries, seed=config.seed,
+            cache=False), num_batches=5)
+
+    report = padding_report(config, pairs, toy_tokenizer, toy_tokenizer, num_batches=5)
+    assert report.with_bucketing == pytest.approx(bucketed(list(edges)))
+    # The default edges (from 8 up) give these short pairs other batches.
+    assert bucketed(default_bucket_boundaries(16)) > bucketed(list(edges)) + 0.05
+    assert report.without_bucketing > report.with_bucketing
