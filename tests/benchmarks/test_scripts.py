@@ -317,3 +317,25 @@ def test_encoder_share_times_both_encoders_and_both_searches(tiny_run, tmp_path)
              "tokenize + encoder + memory keys/values, real tokens only",
              "greedy call (as exported)", "beam-4 call (as exported)"]
     assert rows == parts * 2, out
+
+
+@pytest.mark.slow
+def test_bucket_padding_prints_an_epochs_padding_per_spacing(capsys):
+    from keras_transformer.data import find_local_multi30k
+
+    if find_local_multi30k() is None:
+        pytest.skip("no local copy of Multi30K")
+    script = _load("bucket_padding")
+    script.main(["--preset", "quick", "--growths", "1.25,1.05", "--limit", "2000",
+                 "--set", "vocab_size=1000"])
+    out = capsys.readouterr().out
+    rows = re.findall(r"^\| (1\.25|1\.05) \| (\d+) \| (\d+) \| (\d+\.\d)% \| (\d\.\d{3}) \|$",
+                      out, re.M)
+    assert [row[0] for row in rows] == ["1.25", "1.05"], out
+    (_, coarse_buckets, _, coarse, reference), (_, fine_buckets, _, fine, relative) = rows
+    assert int(fine_buckets) > int(coarse_buckets) and reference == "1.000"
+    # Finer buckets: less padding, so fewer padded positions per real token.
+    assert float(fine) < float(coarse) and float(relative) < 1.0, out
+    assert "growth 1.05: --set bucket_boundaries=[8,9,10," in out, out
+    with pytest.raises(SystemExit):
+        script.main(["--growths", "1.0"])
