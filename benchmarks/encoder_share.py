@@ -19,15 +19,13 @@ import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
-DEFAULT_SOURCES = "/work/shared/data/multi30k/test_2016_flickr.en.gz"
-
-
 def _parse_args(argv):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("run", help="a training run directory")
     parser.add_argument("--checkpoint", default="last")
-    parser.add_argument("--sources", default=DEFAULT_SOURCES,
-                        help="text file (or .gz) of source sentences, one per line")
+    parser.add_argument("--sources", default=None,
+                        help="text file (or .gz) of source sentences, one per line "
+                        "(default: test_2016's English side, from the local Multi30K copy)")
     parser.add_argument("--limit", type=int, help="only the first N sentences")
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=3)
@@ -36,6 +34,16 @@ def _parse_args(argv):
 
 
 def _read(path, limit):
+    """`path`'s lines, or test_2016's English side from the local Multi30K copy (found as
+    the package finds it: `KERAS_TRANSFORMER_MULTI30K_DIR` or `shared/data/multi30k`)."""
+    if path is None:
+        from keras_transformer.data import find_local_multi30k
+
+        directory = find_local_multi30k()
+        if directory is None:
+            raise SystemExit("No local Multi30K copy: pass --sources FILE or set "
+                             "KERAS_TRANSFORMER_MULTI30K_DIR.")
+        path = directory / "test_2016_flickr.en.gz"
     opener = gzip.open if str(path).endswith(".gz") else open
     with opener(path, "rt", encoding="utf-8") as lines:
         sentences = [line.strip() for line in lines]

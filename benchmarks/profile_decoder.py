@@ -41,14 +41,26 @@ REFERENCE_MODEL = dict(
     vocab_size=8000, d_model=256, num_heads=4, ff_dim=1024, num_layers=3, dropout=0.1,
     norm_first=False, tie_embeddings=True,
 )
-TEST_SOURCES = "/work/shared/data/multi30k/test_2016_flickr.en.gz"
-TRAIN_FILES = ("/work/shared/data/multi30k/train.en.gz", "/work/shared/data/multi30k/train.de.gz")
+# Multi30K files read from the local copy (`multi30k_file`).
+TEST_SOURCES = "test_2016_flickr.en.gz"
+TRAIN_FILES = ("train.en.gz", "train.de.gz")
 # Lines per language for the throw-away tokenizer (enough for 8000 pieces).
 TOKENIZER_LINES = 10000
 SIGNATURES = ("translate", "translate_greedy")  # beam 4, greedy
 # Op types that only move control in a v1-lowered while loop (not work).
 CONTROL_OPS = {"Enter", "Exit", "Merge", "Switch", "NextIteration", "LoopCond", "_Recv",
                "_Send", "NoOp", "Identity", "Const", "_Retval", "_Arg"}
+
+
+def multi30k_file(name):
+    """A file of the local Multi30K copy, found as the package finds it
+    (`KERAS_TRANSFORMER_MULTI30K_DIR`, or `shared/data/multi30k` beside the repository)."""
+    from keras_transformer.data import find_local_multi30k
+
+    directory = find_local_multi30k()
+    if directory is None:
+        raise SystemExit("No local Multi30K copy: set KERAS_TRANSFORMER_MULTI30K_DIR.")
+    return directory / name
 
 
 def read_lines(path, limit):
@@ -70,7 +82,8 @@ def reference_parts(args, work_dir):
         return model, source_tokenizer, target_tokenizer
     tokenizer_dir = work_dir / "tokenizer"
     if not (tokenizer_dir / "tokenizer.model").is_file():
-        english, german = (read_lines(path, TOKENIZER_LINES) for path in TRAIN_FILES)
+        english, german = (read_lines(multi30k_file(name), TOKENIZER_LINES)
+                           for name in TRAIN_FILES)
         train_tokenizers(
             {"en": english, "de": german}, vocab_size=REFERENCE_MODEL["vocab_size"],
             output_dir=tokenizer_dir, hard_vocab_limit=False,
@@ -298,7 +311,7 @@ def main():
     tf.config.threading.set_inter_op_parallelism_threads(args.inter_op_threads)
     work_dir = pathlib.Path(args.work_dir)
 
-    sources = read_lines(TEST_SOURCES, args.batch_size)
+    sources = read_lines(multi30k_file(TEST_SOURCES), args.batch_size)
     batches = {str(args.batch_size): sources, "1": sources[:1]}
     model, source_tokenizer, target_tokenizer = reference_parts(args, work_dir)
     if args.dtype != "float32":
