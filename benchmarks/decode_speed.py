@@ -54,7 +54,8 @@ def main():
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for name, settings in VARIANTS:
-            config = DecodingConfig(max_output_length=args.max_output_length, **settings)
+            config = DecodingConfig(max_output_length=args.max_output_length,
+                                    stored_projection=True, **settings)  # as `export`
             path = export_translator(
                 Translator(model, source_tokenizer, target_tokenizer, config),
                 os.path.join(tmp, settings["search"] + str(settings.get("beam_size", ""))),

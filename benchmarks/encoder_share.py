@@ -59,7 +59,8 @@ def _functions(run, checkpoint, alpha):
 
     model, source_tokenizer, target_tokenizer, _ = load_run(run, checkpoint)
     translators = {search: Translator(model, source_tokenizer, target_tokenizer,
-                                      DecodingConfig(search=search, beam_size=4, alpha=alpha))
+                                      DecodingConfig(search=search, beam_size=4, alpha=alpha,
+                                                     stored_projection=True))
                    for search in ("greedy", "beam")}
     translator = translators["greedy"]
     parts, max_input = translator._parts, translator.config.max_input_length

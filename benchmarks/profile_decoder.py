@@ -229,6 +229,7 @@ def export(args, work_dir, model, source_tokenizer, target_tokenizer):
         config = DecodingConfig(
             max_output_length=args.max_output_length,
             extra_length=args.max_output_length,
+            stored_projection=True,  # as `keras-transformer export`
             **settings,
         )
         translator = Translator(model, source_tokenizer, target_tokenizer, config)

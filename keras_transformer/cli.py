@@ -262,6 +262,7 @@ def cmd_export(args):
             jit_max_rows=args.jit_max_rows or None,
             drop_finished=not args.keep_finished,
             in_place_cache="none" if args.growing_cache else "beam",
+            stored_projection=not args.no_stored_projection,
         )
     except ValueError as error:
         raise SystemExit(f"keras-transformer export: {error}") from None
@@ -553,6 +554,11 @@ def build_parser():
                         help="beam search grows the decoder's key/value cache by "
                         "concatenation (as greedy search does) instead of writing time-major "
                         "buffers in place; same results: for comparisons")
+    export.add_argument("--no-stored-projection", action="store_true",
+                        help="transpose a tied model's embedding table into the pre-softmax "
+                        "kernel at every call instead of saving the transposed table (an "
+                        "export smaller by the table's size, each call slower by the "
+                        "transpose); same results")
     export.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
                         help="what the exported model computes in, whatever the run trained "
                         "with (default float32); bfloat16 weights and matmuls are fast only "

@@ -303,6 +303,9 @@ class TransformerParts:
             model.get_layer("output_projection") if "output_projection" in names else None
         )
         self.vocab_size = self.target_embedding.vocab_size
+        # A tied model's pre-softmax kernel `(d_model, V)`, when a user stores it (see the
+        # `Translator`'s `DecodingConfig.stored_projection`); `None`: transposed per search.
+        self.projection_kernel = None
 
     def encode(self, source_ids, training=False):
         """`source_ids` int `(B, S)` -> `(memory (B, S, d_model), memory_mask bool (B, S))`."""
@@ -424,8 +427,11 @@ class TransformerParts:
 
     def _projection_kernel(self):
         """`(d_model, V)` kernel and bias of the pre-softmax projection (tied: the
-        transposed embedding matrix, transposed once per search rather than every step)."""
+        stored `projection_kernel`, or the embedding matrix transposed once per search
+        rather than every step)."""
         if self.output_projection is None:
+            if self.projection_kernel is not None:
+                return ops.convert_to_tensor(self.projection_kernel), None
             return ops.transpose(ops.convert_to_tensor(self.target_embedding.embeddings)), None
         dense = self.output_projection
         return ops.convert_to_tensor(dense.kernel), ops.convert_to_tensor(dense.bias)

@@ -83,6 +83,15 @@ class DecodingConfig:
     # finished sentences copy the written positions when they leave), hence "beam". Not in
     # the XLA-compiled search (its fixed-size cache).
     in_place_cache: str = "beam"
+    # A tied model's pre-softmax kernel is its target embedding table transposed, `(d_model,
+    # V)`, which every call otherwise transposes (the reference model's 8 MB in float32:
+    # 1.5-3.3 ms a call on one thread, benchmarks/RESULTS.md, session 35). With
+    # `stored_projection` the `Translator` keeps it as a variable of its own, made once at
+    # construction in the decoder's compute dtype, and an export saves it (the table's size
+    # again). Only for weights that no longer change: a `Translator` kept while training goes
+    # on would go on translating with the table of its construction (hence off by default;
+    # `keras-transformer export` sets it). Nothing changes for an untied model.
+    stored_projection: bool = False
 
     def __post_init__(self):
         if self.search not in SEARCHES:
@@ -269,6 +278,13 @@ class Translator(tf.Module):
         self.config = config or DecodingConfig()
         self._parts = TransformerParts(model)
         check_position_limits(self._parts, self.config)
+        if self.config.stored_projection and self._parts.output_projection is None:
+            table = self._parts.target_embedding.embeddings
+            self.projection_kernel = tf.Variable(
+                tf.cast(tf.transpose(tf.convert_to_tensor(table)),
+                        self._parts.decoder.compute_dtype),
+                trainable=False, name="projection_kernel")
+            self._parts.projection_kernel = self.projection_kernel
         # autograph=False: the searches are explicit `tf.while_loop`s and the layers branch
         # only on Python values, so nothing needs converting; it also keeps tracing from
         # re-reading source files (a process whose sources changed on disk still traces).

@@ -236,6 +236,41 @@ def test_search_loop_reads_no_variable(copy_task, search, dtype):
     assert reads == []
 
 
+def _transposes(translator, signature):
+    """The `Transpose` nodes of a signature's graph, its function library included."""
+    graph = getattr(translator, signature).get_concrete_function().graph.as_graph_def()
+    nodes = list(graph.node) + [n for f in graph.library.function for n in f.node_def]
+    return [node for node in nodes if node.op == "Transpose"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_stored_projection_spares_every_call_the_table_transpose(copy_task, dtype):
+    """`stored_projection`: a tied model's pre-softmax kernel, the embedding table
+    transposed, is a variable of its own in the compute dtype, so no call transposes the
+    table; no translation, score or length changes."""
+    from keras_transformer.model import with_dtype_policy
+
+    model = copy_task.model if dtype == "float32" else with_dtype_policy(copy_task.model,
+                                                                          dtype)
+    plain = copy_task.translator(model, search="beam", beam_size=3)
+    stored = copy_task.translator(model, search="beam", beam_size=3, stored_projection=True)
+    table = model.get_layer("embedding").embeddings
+    assert stored.projection_kernel.shape == (table.shape[1], table.shape[0])
+    assert stored.projection_kernel.dtype == dtype
+    assert not stored.projection_kernel.trainable
+    assert not hasattr(plain, "projection_kernel")
+    for signature in ("translate", "translate_greedy"):
+        assert len(_transposes(plain, signature)) - len(_transposes(stored, signature)) == 1
+    sentences = copy_task.held_out[:6]
+    for signature in ("translate", "translate_greedy"):
+        ours = getattr(stored, signature)(tf.constant(sentences))
+        theirs = getattr(plain, signature)(tf.constant(sentences))
+        for key in ("translation", "length"):
+            np.testing.assert_array_equal(ours[key].numpy(), theirs[key].numpy())
+        np.testing.assert_allclose(ours["score"].numpy(), theirs["score"].numpy(), rtol=1e-5)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("search", ["greedy", "beam", "greedy_uncached", "sample"])
 def test_random_model_that_never_ends_stops_at_the_bound(copy_task, random_model, search):
@@ -442,6 +477,12 @@ def test_export_cli_sampling_flags_reach_the_translator(small_tokenizer, monkeyp
     assert written["t"].config.jit_max_rows is None  # XLA at every batch size
     cli.main(base)  # beam search stops as CTranslate2 does unless asked otherwise
     assert written["t"].config.early_stopping
+    # An export stores a tied projection's kernel unless asked not to; this model's
+    # projection is a layer of its own, so there is nothing to store.
+    assert written["t"].config.stored_projection
+    assert not hasattr(written["t"], "projection_kernel")
+    cli.main(base + ["--no-stored-projection"])
+    assert not written["t"].config.stored_projection
     cli.main(base + ["--beam-stopping", "exact"])
     assert not written["t"].config.early_stopping
     with pytest.raises(SystemExit):
