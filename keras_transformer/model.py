@@ -431,7 +431,8 @@ class TransformerParts:
         rather than every step)."""
         if self.output_projection is None:
             if self.projection_kernel is not None:
-                return ops.convert_to_tensor(self.projection_kernel), None
+                # `convert_to_tensor` would pass a variable on, read at every step.
+                return ops.copy(self.projection_kernel), None
             return ops.transpose(ops.convert_to_tensor(self.target_embedding.embeddings)), None
         dense = self.output_projection
         return ops.convert_to_tensor(dense.kernel), ops.convert_to_tensor(dense.bias)
@@ -822,8 +823,9 @@ def _decoder_block_step(block, weights, x, self_cache, cross, memory_bias, sente
 
 
 def _sublayer_step(block, name, norm, x, function):
-    """A block's sub-layer `name` at inference: `function`, then the block's own residual,
-    dropout (the identity) and norm, the norm with `_norm_weights` read once per search."""
+    """A block's sub-layer `name` at inference: `function` with the block's own residual,
+    dropout (the identity) and norm, before (`norm_first`) or after it, the norm computed
+    with the `_norm_weights` `norm` its caller read once."""
     return sublayer_connection(x, function, lambda y: _layer_norm(y, norm),
                                getattr(block, f"_{name}_dropout"), block.norm_first,
                                training=False)

@@ -166,11 +166,13 @@ def padding_report(config, train_pairs, source_tokenizer, target_tokenizer, repl
     """The padding of a run's own training batches against plain `padded_batch`.
 
     Measured on the first `num_batches` batches of the run's batching (its token budget
-    or batch size, its bucket edges), with the run's seed; see `compare_padding`.
+    or batch size, its bucket edges, over-long pairs dropped or truncated as it does), with
+    the run's seed; see `compare_padding` (which buckets a run that does not with the
+    default edges, to show what bucketing would save).
     """
     return compare_padding(train_pairs, source_tokenizer, target_tokenizer,
                            num_batches=num_batches, seed=config.seed,
-                           **_batching(config, replicas))
+                           drop_long=config.drop_long_pairs, **_batching(config, replicas))
 
 
 def make_datasets(config, splits, source_tokenizer, target_tokenizer, replicas=1,

@@ -111,10 +111,15 @@ def random_model(copy_task):
 
 @pytest.fixture(scope="session")
 def exported(copy_task, tmp_path_factory):
-    """The copy model exported with beam search, then *moved*: returns the new base dir."""
+    """The copy model exported with beam search, then *moved*: returns the new base dir.
+
+    With the tied projection's kernel stored, as `keras-transformer export` stores it, so
+    the loading tests (fresh process, session loader) restore that variable too."""
     from keras_transformer.export import export_translator
 
-    translator = copy_task.translator(search="beam", beam_size=EXPORT_BEAM_SIZE)
+    translator = copy_task.translator(search="beam", beam_size=EXPORT_BEAM_SIZE,
+                                      stored_projection=True)
+    assert hasattr(translator, "projection_kernel")  # the copy model is tied
     written = tmp_path_factory.mktemp("export_written") / "translator"
     version_dir = export_translator(translator, written, metadata={"task": "copy"})
     assert version_dir == written / "1"

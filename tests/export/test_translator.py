@@ -219,17 +219,20 @@ def loop_body_ops(concrete_function):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("stored_projection", [False, True])
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("search", ["greedy", "beam"])
-def test_search_loop_reads_no_variable(copy_task, search, dtype):
+def test_search_loop_reads_no_variable(copy_task, search, dtype, stored_projection):
     """The step's weights (fused, scaled, cast to the compute dtype) are read once per
     search, outside the loop: no variable read, no embedding-table gather from a variable,
-    in any step (the loop ran 44 `ReadVariableOp`s per step of the reference shape before)."""
+    in any step (the loop ran 44 `ReadVariableOp`s per step of the reference shape before),
+    the stored projection kernel included."""
     from keras_transformer.model import with_dtype_policy
 
     model = copy_task.model if dtype == "float32" else with_dtype_policy(copy_task.model,
                                                                           dtype)
-    translator = copy_task.translator(model, search=search, beam_size=3)
+    translator = copy_task.translator(model, search=search, beam_size=3,
+                                      stored_projection=stored_projection)
     ops = loop_body_ops(translator.translate.get_concrete_function())
     assert "MatMul" in ops  # the decoder step is in the loop
     reads = [op for op in ops if op in ("ReadVariableOp", "ResourceGather")]
