@@ -2,7 +2,8 @@
 
 The work of a training step grows with its padded positions, not with its real tokens, so
 the padding is what a finer set of length buckets can save: this script builds the
-preset's training pipeline (its vocabulary, token budget and seed) once per geometric
+preset's training pipeline on Multi30K's training split (its vocabulary, token budget and
+seed; over-long pairs truncated, where a run with `drop_long_pairs` drops them) once per geometric
 growth factor of the bucket edges (`default_bucket_boundaries(max_length, growth=g)`),
 reads one full epoch and prints, per spacing, the number of buckets and batches, the
 padding fraction (encoder and decoder positions) and the padded positions per real token
