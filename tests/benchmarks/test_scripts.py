@@ -76,7 +76,9 @@ def test_profile_train_step_prints_the_op_table(capsys):
     assert re.search(r"wall [\d.]+ ms per step, op time [\d.]+ ms per step, \d+ ops per step",
                      out), out
     rows = re.findall(r"^\| (\S+) \| [\d.]+ \| [\d.]+% \| \d+ \|$", out, re.MULTILINE)
-    assert len(rows) == 3 and any("MatMul" in row for row in rows), out
+    # The step's matrix products lead the table; which kind (MatMul or the attention's
+    # Einsum) is first at these tiny shapes varies from run to run.
+    assert len(rows) == 3 and any("MatMul" in row or "Einsum" in row for row in rows), out
     assert re.search(r"^\| \d+ other types \|", out, re.MULTILINE), out
 
 
