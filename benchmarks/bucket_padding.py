@@ -13,27 +13,10 @@ relative to the first spacing. No timing: these figures are exact for the data a
 """
 
 import argparse
-import json
 import os
 import tempfile
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-
-
-def epoch_padding(dataset):
-    """`(batches, real positions, padded positions)` of one pass over `dataset`."""
-    import numpy as np
-
-    from keras_transformer.text import PAD_ID
-
-    batches = real = total = 0
-    for inputs, _ in dataset:
-        batches += 1
-        for key in ("encoder_tokens", "decoder_tokens"):
-            tokens = inputs[key].numpy()
-            real += int(np.count_nonzero(tokens != PAD_ID))
-            total += tokens.size
-    return batches, real, total
 
 
 def main(argv=None):
@@ -52,18 +35,16 @@ def main(argv=None):
     if not growths or any(g <= 1.0 for g in growths):
         parser.error("--growths: factors above 1, e.g. 1.25,1.1")
 
-    from keras_transformer.data import default_bucket_boundaries, load_multi30k
-    from keras_transformer.training import get_preset
+    from keras_transformer.data import (
+        default_bucket_boundaries, load_multi30k, padding_fraction,
+    )
+    from keras_transformer.training import get_preset, parse_overrides
     from keras_transformer.training.trainer import make_datasets, prepare_tokenizers
 
-    overrides = {}
-    for item in args.set:
-        field, _, value = item.partition("=")
-        try:
-            overrides[field] = json.loads(value)
-        except json.JSONDecodeError:
-            overrides[field] = value
-    config = get_preset(args.preset).replace(**overrides)
+    try:
+        config = get_preset(args.preset).replace(**parse_overrides(args.set))
+    except ValueError as error:
+        parser.error(str(error))
     if config.tokens_per_batch is None:
         parser.error(f"the {args.preset!r} preset batches by a fixed batch size: its batch "
                      "sizes do not follow the bucket edges")
@@ -77,17 +58,18 @@ def main(argv=None):
             edges = default_bucket_boundaries(config.max_length, growth=growth)
             _, train_ds, _ = make_datasets(
                 config.replace(bucket_boundaries=edges), splits, source, target)
-            rows.append((growth, edges, *epoch_padding(train_ds)))
+            batches = int(train_ds.reduce(0, lambda count, _: count + 1))
+            rows.append((growth, edges, batches, padding_fraction(train_ds)))
     print(f"{args.preset}: {config.tokens_per_batch} tokens per batch, max_length "
-          f"{config.max_length}, seed {config.seed}, one epoch of {rows[0][3]:,} real "
-          "positions (source + target)")
+          f"{config.max_length}, seed {config.seed}, one epoch")
     print("| growth | buckets | batches per epoch | padding | padded positions per real token, "
           "relative |")
     print("|---|---|---|---|---|")
-    reference = rows[0][4] / rows[0][3]
-    for growth, edges, batches, real, total in rows:
-        print(f"| {growth:g} | {len(edges) + 1} | {batches} | {1 - real / total:.1%} | "
-              f"{total / real / reference:.3f} |")
+    # Padded positions per real token are 1 / (1 - padding).
+    reference = 1 - rows[0][3]
+    for growth, edges, batches, padding in rows:
+        print(f"| {growth:g} | {len(edges) + 1} | {batches} | {padding:.1%} | "
+              f"{reference / (1 - padding):.3f} |")
     for growth, edges, *_ in rows:
         print(f"growth {growth:g}: --set bucket_boundaries=[{','.join(map(str, edges))}]")
 

@@ -48,15 +48,14 @@ def _parse_args(argv):
 def read_sources(path, data_dir=None, limit=None):
     """The sentences to translate: `path`'s lines, or Multi30K test_2016's English side."""
     if path is None:
-        from keras_transformer.data import load_multi30k
+        from keras_transformer.data import multi30k_lines
 
-        sentences = [example["en"].decode("utf-8") for example in
-                     load_multi30k("test_2016", local_dir=data_dir).as_numpy_iterator()]
+        sentences = multi30k_lines("test_2016", "en", limit, local_dir=data_dir)
     else:
         from keras_transformer.data.readers import iter_lines
 
         sentences = list(iter_lines(path))
-    sentences = sentences[:limit] if limit else sentences
+        sentences = sentences[:limit] if limit else sentences
     if not sentences:
         raise SystemExit(f"No sentences to translate in {path or 'test_2016'}.")
     return sentences

@@ -54,8 +54,8 @@ def main():
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for name, settings in VARIANTS:
-            config = DecodingConfig(max_output_length=args.max_output_length,
-                                    stored_projection=True, **settings)  # as `export`
+            config = DecodingConfig.for_export(max_output_length=args.max_output_length,
+                                               **settings)
             path = export_translator(
                 Translator(model, source_tokenizer, target_tokenizer, config),
                 os.path.join(tmp, settings["search"] + str(settings.get("beam_size", ""))),

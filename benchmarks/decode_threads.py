@@ -153,8 +153,8 @@ def main(argv=None):
                for example in load_multi30k("test_2016").as_numpy_iterator()][: args.limit]
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        config = DecodingConfig(search="beam", beam_size=args.beam_size, alpha=args.alpha,
-                                stored_projection=True)  # as `keras-transformer export`
+        config = DecodingConfig.for_export(search="beam", beam_size=args.beam_size,
+                                           alpha=args.alpha)
         export_dir = export_translator(
             Translator(model, source_tokenizer, target_tokenizer, config),
             os.path.join(tmp, "export"))

@@ -259,10 +259,10 @@ def main(argv=None):
     if source_tokenizer is not target_tokenizer:
         raise SystemExit("The benchmark handles shared vocabularies only.")
     sources, references = _test_set(args.data_dir, args.limit)
-    config = DecodingConfig(search="beam", beam_size=args.beam_size, alpha=args.alpha,
-                            max_output_length=args.max_output_length,
-                            in_place_cache="all" if args.in_place_greedy else "beam",
-                            stored_projection=True)  # as `keras-transformer export`
+    config = DecodingConfig.for_export(
+        search="beam", beam_size=args.beam_size, alpha=args.alpha,
+        max_output_length=args.max_output_length,
+        in_place_cache="all" if args.in_place_greedy else "beam")
     with tempfile.TemporaryDirectory() as tmp:
         export_dir = export_translator(
             Translator(model, source_tokenizer, target_tokenizer, config),

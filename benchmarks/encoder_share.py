@@ -13,7 +13,7 @@ the variants alternating. One intra-op thread, one inter-op thread.
 """
 
 import argparse
-import gzip
+import itertools
 import os
 import time
 
@@ -35,20 +35,14 @@ def _parse_args(argv):
 
 
 def _read(path, limit):
-    """`path`'s lines, or test_2016's English side from the local Multi30K copy (found as
-    the package finds it: `KERAS_TRANSFORMER_MULTI30K_DIR` or `shared/data/multi30k`)."""
-    if path is None:
-        from keras_transformer.data import find_local_multi30k
+    """`path`'s lines, or test_2016's English side (Multi30K, found as the package finds
+    it: `KERAS_TRANSFORMER_MULTI30K_DIR` or `shared/data/multi30k`)."""
+    from keras_transformer.data import multi30k_lines
+    from keras_transformer.data.readers import iter_lines
 
-        directory = find_local_multi30k()
-        if directory is None:
-            raise SystemExit("No local Multi30K copy: pass --sources FILE or set "
-                             "KERAS_TRANSFORMER_MULTI30K_DIR.")
-        path = directory / "test_2016_flickr.en.gz"
-    opener = gzip.open if str(path).endswith(".gz") else open
-    with opener(path, "rt", encoding="utf-8") as lines:
-        sentences = [line.strip() for line in lines]
-    return sentences[:limit] if limit else sentences
+    if path is None:
+        return multi30k_lines("test_2016", "en", limit)
+    return [line.strip() for line in itertools.islice(iter_lines(path), limit)]
 
 
 def _functions(run, checkpoint, alpha):
@@ -60,8 +54,8 @@ def _functions(run, checkpoint, alpha):
 
     model, source_tokenizer, target_tokenizer, _ = load_run(run, checkpoint)
     translators = {search: Translator(model, source_tokenizer, target_tokenizer,
-                                      DecodingConfig(search=search, beam_size=4, alpha=alpha,
-                                                     stored_projection=True))
+                                      DecodingConfig.for_export(search=search, beam_size=4,
+                                                                alpha=alpha))
                    for search in ("greedy", "beam")}
     translator = translators["greedy"]
     parts, max_input = translator._parts, translator.config.max_input_length

@@ -27,7 +27,6 @@ medians and ratios printed. The machine may be shared: read ratios, not absolute
 
 import argparse
 import collections
-import gzip
 import itertools
 import os
 import pathlib
@@ -41,9 +40,6 @@ REFERENCE_MODEL = dict(
     vocab_size=8000, d_model=256, num_heads=4, ff_dim=1024, num_layers=3, dropout=0.1,
     norm_first=False, tie_embeddings=True,
 )
-# Multi30K files read from the local copy (`multi30k_file`).
-TEST_SOURCES = "test_2016_flickr.en.gz"
-TRAIN_FILES = ("train.en.gz", "train.de.gz")
 # Lines per language for the throw-away tokenizer (enough for 8000 pieces).
 TOKENIZER_LINES = 10000
 SIGNATURES = ("translate", "translate_greedy")  # beam 4, greedy
@@ -52,27 +48,12 @@ CONTROL_OPS = {"Enter", "Exit", "Merge", "Switch", "NextIteration", "LoopCond", 
                "_Send", "NoOp", "Identity", "Const", "_Retval", "_Arg"}
 
 
-def multi30k_file(name):
-    """A file of the local Multi30K copy, found as the package finds it
-    (`KERAS_TRANSFORMER_MULTI30K_DIR`, or `shared/data/multi30k` beside the repository)."""
-    from keras_transformer.data import find_local_multi30k
-
-    directory = find_local_multi30k()
-    if directory is None:
-        raise SystemExit("No local Multi30K copy: set KERAS_TRANSFORMER_MULTI30K_DIR.")
-    return directory / name
-
-
-def read_lines(path, limit):
-    with gzip.open(path, "rt", encoding="utf-8") as lines:
-        return [line.strip() for line in itertools.islice(lines, limit)]
-
-
 def reference_parts(args, work_dir):
     """`(model, source_tokenizer, target_tokenizer)` of --run, or random weights."""
     import keras
 
     from keras_transformer import build_transformer
+    from keras_transformer.data import multi30k_lines
     from keras_transformer.text import load_tokenizers, train_tokenizers
 
     if args.run:
@@ -82,8 +63,8 @@ def reference_parts(args, work_dir):
         return model, source_tokenizer, target_tokenizer
     tokenizer_dir = work_dir / "tokenizer"
     if not (tokenizer_dir / "tokenizer.model").is_file():
-        english, german = (read_lines(multi30k_file(name), TOKENIZER_LINES)
-                           for name in TRAIN_FILES)
+        english, german = (multi30k_lines("train", lang, TOKENIZER_LINES)
+                           for lang in ("en", "de"))
         train_tokenizers(
             {"en": english, "de": german}, vocab_size=REFERENCE_MODEL["vocab_size"],
             output_dir=tokenizer_dir, hard_vocab_limit=False,
@@ -226,10 +207,9 @@ def export(args, work_dir, model, source_tokenizer, target_tokenizer):
     for name, settings in searches:
         if args.jit:
             settings = dict(settings, jit_compile=True)
-        config = DecodingConfig(
+        config = DecodingConfig.for_export(
             max_output_length=args.max_output_length,
             extra_length=args.max_output_length,
-            stored_projection=True,  # as `keras-transformer export`
             **settings,
         )
         translator = Translator(model, source_tokenizer, target_tokenizer, config)
@@ -312,7 +292,9 @@ def main():
     tf.config.threading.set_inter_op_parallelism_threads(args.inter_op_threads)
     work_dir = pathlib.Path(args.work_dir)
 
-    sources = read_lines(multi30k_file(TEST_SOURCES), args.batch_size)
+    from keras_transformer.data import multi30k_lines
+
+    sources = multi30k_lines("test_2016", "en", args.batch_size)
     batches = {str(args.batch_size): sources, "1": sources[:1]}
     model, source_tokenizer, target_tokenizer = reference_parts(args, work_dir)
     if args.dtype != "float32":

@@ -18,14 +18,6 @@ import tempfile
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 
-def _value(text):
-    """A `--set` value: JSON when it parses (numbers, booleans, null), else the string."""
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError:
-        return text
-
-
 @contextlib.contextmanager
 def preset_model(preset, precision, total_steps, overrides=(), jit_compile="auto"):
     """Yields `(model, train_ds, precision, overrides)`: a preset's compiled model and its
@@ -38,15 +30,14 @@ def preset_model(preset, precision, total_steps, overrides=(), jit_compile="auto
     import keras
 
     from keras_transformer.data import load_multi30k
-    from keras_transformer.training import get_preset
+    from keras_transformer.training import get_preset, parse_overrides
     from keras_transformer.training.presets import resolve_precision
     from keras_transformer.training.trainer import (
         build_model, compile_model, make_datasets, prepare_tokenizers,
     )
 
-    overrides = dict(item.split("=", 1) for item in overrides)
-    config = get_preset(preset).replace(
-        precision=precision, **{k: _value(v) for k, v in overrides.items()})
+    overrides = parse_overrides(overrides)
+    config = get_preset(preset).replace(precision=precision, **overrides)
     keras.utils.set_random_seed(config.seed)
     precision = resolve_precision(precision)  # "auto" -> this machine's choice
     if precision:

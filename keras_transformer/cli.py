@@ -22,16 +22,12 @@ PRECISIONS = {"none": None, "float32": None, "bf16": "mixed_bfloat16",
 
 def _parse_overrides(pairs):
     """`["epochs=2", "d_model=64"]` -> `{"epochs": 2, "d_model": 64}` (values read as JSON)."""
-    overrides = {}
-    for pair in pairs or []:
-        if "=" not in pair:
-            raise SystemExit(f"--set expects KEY=VALUE, got {pair!r}")
-        key, value = pair.split("=", 1)
-        try:
-            overrides[key] = json.loads(value)
-        except json.JSONDecodeError:
-            overrides[key] = value
-    return overrides
+    from keras_transformer.training.presets import parse_overrides
+
+    try:
+        return parse_overrides(pairs)
+    except ValueError as error:
+        raise SystemExit(str(error)) from None
 
 
 def _make_translate_fn(search, beam_size, alpha, max_output_length):
@@ -246,7 +242,7 @@ def cmd_export(args):
 
     # The settings are checked before the model is loaded, so a bad flag fails at once.
     try:
-        decoding = DecodingConfig(
+        decoding = DecodingConfig.for_export(
             search=args.search,
             beam_size=args.beam_size,
             alpha=args.alpha,

@@ -7,6 +7,7 @@ from keras_transformer.data.multi30k import (
     Multi30kNotFoundError,
     find_local_multi30k,
     load_multi30k,
+    multi30k_lines,
     multi30k_split_files,
 )
 from keras_transformer.data.pipeline import (
@@ -54,6 +55,7 @@ __all__ = [
     "find_local_multi30k",
     "load_multi30k",
     "make_translation_dataset",
+    "multi30k_lines",
     "multi30k_split_files",
     "open_run_source",
     "open_source",

@@ -29,6 +29,7 @@ A local copy is always preferred to the network. With neither, preparation fails
 """
 
 import gzip
+import itertools
 import os
 import pathlib
 import socket
@@ -231,6 +232,37 @@ def multi30k_split_files(source_lang, target_lang, split, local_dir=None):
         )
     by_name = {p.name: p for p in found}
     return by_name[names[0]], by_name[names[1]]
+
+
+def multi30k_lines(split, lang, limit=None, local_dir=None):
+    """One side of a Multi30K split as a list of sentences (lines stripped), file order.
+
+    The file is found as `multi30k_split_files` finds it (so also downloaded where it is
+    missing and there is internet); no TFDS preparation. For scripts that need sentences,
+    not a `tf.data` pipeline (the decoding benchmarks read test_2016 this way).
+
+    Args:
+        split: str, as in `multi30k_split_files` (`test` = test_2016).
+        lang: str, `en`, `de`, `fr` or `cs`.
+        limit: int or None, the first `limit` lines only. Defaults to `None` (all).
+        local_dir: str or path-like or None, the only directory to look in.
+
+    Returns:
+        list of str.
+
+    Raises:
+        As `multi30k_split_files`.
+
+    Example:
+
+    >>> multi30k_lines("test", "en", limit=1)
+    ['A man in an orange hat starring at something.']
+    """
+    from keras_transformer.data.readers import iter_lines
+
+    other = "de" if lang == "en" else "en"  # every split has English and German
+    path, _ = multi30k_split_files(lang, other, split, local_dir=local_dir)
+    return [line.strip() for line in itertools.islice(iter_lines(path), limit)]
 
 
 def _file_names(languages=LANGUAGES):

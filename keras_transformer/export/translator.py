@@ -93,6 +93,25 @@ class DecodingConfig:
     # `keras-transformer export` sets it). Nothing changes for an untied model.
     stored_projection: bool = False
 
+    # What an export sets unlike the defaults above (for weights that no longer change).
+    EXPORT_SETTINGS = {"stored_projection": True}
+
+    @classmethod
+    def for_export(cls, **settings):
+        """The config `keras-transformer export` builds: the defaults, `EXPORT_SETTINGS`
+        (the stored projection kernel), then `settings`.
+
+        Benchmarks that mean to time what an export runs build their config with this.
+
+        Example:
+
+        >>> DecodingConfig.for_export(search="greedy").stored_projection
+        True
+        >>> DecodingConfig.for_export(stored_projection=False).stored_projection
+        False
+        """
+        return cls(**{**cls.EXPORT_SETTINGS, **settings})
+
     def __post_init__(self):
         if self.search not in SEARCHES:
             raise ValueError(f"search must be one of {SEARCHES}, got search={self.search!r}.")

@@ -473,6 +473,38 @@ PRESETS["quick"] = PRESETS["multi30k"].replace(
 )
 
 
+def parse_overrides(pairs):
+    """`--set` items `FIELD=VALUE` -> a dict for `TrainingConfig.replace`.
+
+    Values are read as JSON where they parse (numbers, booleans, `null`, lists), else kept
+    as strings. The command line and the benchmark scripts read `--set` with this.
+
+    Args:
+        pairs: iterable of str, or `None`.
+
+    Returns:
+        dict of field name -> value (not checked here: `replace` checks the fields).
+
+    Raises:
+        ValueError: an item without `=`.
+
+    Example:
+
+    >>> parse_overrides(["epochs=2", "bucket_boundaries=[8,16]", "data=files"])
+    {'epochs': 2, 'bucket_boundaries': [8, 16], 'data': 'files'}
+    """
+    overrides = {}
+    for pair in pairs or ():
+        if "=" not in pair:
+            raise ValueError(f"--set expects FIELD=VALUE, got {pair!r}")
+        key, value = pair.split("=", 1)
+        try:
+            overrides[key] = json.loads(value)
+        except json.JSONDecodeError:
+            overrides[key] = value
+    return overrides
+
+
 def get_preset(name):
     """Returns the `TrainingConfig` preset called `name`.
 

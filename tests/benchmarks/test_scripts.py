@@ -341,22 +341,27 @@ def test_bucket_padding_prints_an_epochs_padding_per_spacing(capsys):
     assert "growth 1.05: --set bucket_boundaries=[8,9,10," in out, out
     with pytest.raises(SystemExit):
         script.main(["--growths", "1.0"])
+    with pytest.raises(SystemExit):
+        script.main(["--set", "vocab_size"])
 
 
 def test_decoding_scripts_read_multi30k_where_the_package_finds_it(tmp_path, monkeypatch):
     # No machine-specific path: KERAS_TRANSFORMER_MULTI30K_DIR (or shared/data/multi30k
-    # beside the repository) as for training.
+    # beside the repository) as for training, through `multi30k_lines`.
+    from keras_transformer.data import multi30k_lines
     from keras_transformer.data.multi30k import ENV_VAR, _file_names
     from tests.data.conftest import write_lines
 
     for name in _file_names():
-        write_lines(tmp_path / name, [f"{name} line {i}" for i in range(3)])
+        write_lines(tmp_path / name, [f" {name} line {i} " for i in range(3)])
     monkeypatch.setenv(ENV_VAR, str(tmp_path))
     assert _load("encoder_share")._read(None, 2) == [
         "test_2016_flickr.en.gz line 0", "test_2016_flickr.en.gz line 1"]
-    profile = _load("profile_decoder")
-    assert profile.read_lines(profile.multi30k_file(profile.TEST_SOURCES), 1) == [
+    # compare_exports sets the allocator variable at import: restored after the test.
+    monkeypatch.delenv("TF_CPU_ALLOCATOR_USE_BFC", raising=False)
+    assert _load("compare_exports").read_sources(None, limit=1) == [
         "test_2016_flickr.en.gz line 0"]
-    monkeypatch.setenv(ENV_VAR, str(tmp_path / "missing"))
-    with pytest.raises(Exception, match="lacks Multi30K files"):
-        profile.multi30k_file(profile.TRAIN_FILES[0])
+    assert multi30k_lines("train", "de") == [f"train.de.gz line {i}" for i in range(3)]
+    assert multi30k_lines("val", "en", limit=1, local_dir=tmp_path) == ["val.en.gz line 0"]
+    with pytest.raises(Exception, match="missing file"):
+        multi30k_lines("train", "en", local_dir=tmp_path / "missing")

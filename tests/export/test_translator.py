@@ -454,6 +454,7 @@ def test_export_cli_sampling_flags_reach_the_translator(small_tokenizer, monkeyp
     and invalid values stop the command with the config's message."""
     import keras_transformer.export as export_module
     from keras_transformer import cli
+    from keras_transformer.export import DecodingConfig
 
     model = tiny_model(small_tokenizer)
     written = {}
@@ -480,6 +481,9 @@ def test_export_cli_sampling_flags_reach_the_translator(small_tokenizer, monkeyp
     assert written["t"].config.jit_max_rows is None  # XLA at every batch size
     cli.main(base)  # beam search stops as CTranslate2 does unless asked otherwise
     assert written["t"].config.early_stopping
+    # The benchmarks time what an export runs by building `DecodingConfig.for_export`.
+    assert written["t"].config == DecodingConfig.for_export(max_input_length=TABLE,
+                                                            max_output_length=TABLE)
     # An export stores a tied projection's kernel unless asked not to; this model's
     # projection is a layer of its own, so there is nothing to store.
     assert written["t"].config.stored_projection

@@ -5,7 +5,9 @@ import json
 
 import pytest
 
-from keras_transformer.training.presets import PRESETS, TrainingConfig, get_preset
+from keras_transformer.training.presets import (
+    PRESETS, TrainingConfig, get_preset, parse_overrides,
+)
 
 
 def test_every_field_is_documented():
@@ -85,3 +87,14 @@ def test_reference_recipe_samples_subword_segmentations_and_quick_does_not():
     config = get_preset("multi30k")
     assert (config.subword_nbest, config.subword_alpha) == (16, 0.3)
     assert get_preset("quick").subword_nbest == 1 == get_preset("tiny").subword_nbest
+
+
+def test_overrides_read_json_values_and_keep_other_text():
+    overrides = parse_overrides(["epochs=3", "late_dropout=null", "bucket_boundaries=[8, 16]",
+                                 "source_lang=de=x"])
+    assert overrides == {"epochs": 3, "late_dropout": None, "bucket_boundaries": [8, 16],
+                         "source_lang": "de=x"}
+    overrides.pop("source_lang")
+    assert get_preset("tiny").replace(**overrides).bucket_boundaries == (8, 16)
+    with pytest.raises(ValueError, match="FIELD=VALUE, got 'epochs'"):
+        parse_overrides(["epochs"])
