@@ -72,6 +72,10 @@ def parse_args(argv=None):
         help="model.compile(jit_compile=...) for both models: true compiles each training step "
         "with XLA (the batches have one fixed shape, so it compiles once); false is what "
         "Keras' 'auto' gives on a CPU-only machine")
+    parser.add_argument(
+        "--skip-padding", action="store_true",
+        help="ours with skip_padding=True: its stacks' per-token work on the real tokens only "
+        "(keras-hub's computes every position); no XLA for ours then")
     return parser.parse_args(argv)
 
 
@@ -115,6 +119,7 @@ def build_ours(args):
         learned_positions=True,
         max_length=args.length,
         layer_norm_epsilon=LAYER_NORM_EPSILON,
+        skip_padding=args.skip_padding,
         name="keras_transformer",
     )
 
@@ -190,7 +195,7 @@ def run(args):
                       own_optimizer=args.optimizer == "own" and ours)
     batches = make_batches(args, args.warmup + args.steps)
     seconds = dict.fromkeys(models, 0.0)
-    tokens = 0
+    tokens = positions = 0
     names = list(models)
     for step, (inputs, labels) in enumerate(batches):
         timed = step >= args.warmup
@@ -202,12 +207,14 @@ def run(args):
                 seconds[name] += time.perf_counter() - started
         if timed:
             tokens += real_tokens(inputs, labels)
+            positions += inputs["encoder_tokens"].size + labels.size
     return {
         name: {
             "optimizer": type(models[name].optimizer).__name__,
             "parameters": models[name].count_params(),
             "tokens_per_second": tokens / seconds[name],
             "jit_compile": models[name].jit_compile,
+            "padding": 1 - tokens / positions,
         }
         for name in models
     }
@@ -219,9 +226,11 @@ def main(argv=None):
     xla = ", ".join(f"{name} {row['jit_compile']}" for name, row in results.items())
     print(
         f"{args.layers}+{args.layers} layers, d_model {args.d_model}, {args.heads} heads, "
-        f"ff {args.ff_dim}, vocab {args.vocab_size}, batches {args.batch_size}x{args.length}, "
+        f"ff {args.ff_dim}, vocab {args.vocab_size}, batches {args.batch_size}x{args.length} "
+        f"({results['keras_hub']['padding']:.0%} padding), "
         f"{args.steps} timed steps after {args.warmup} warm-up steps, loss: {args.loss}, "
-        f"optimizer: {args.optimizer}, XLA: {xla}"
+        f"optimizer: {args.optimizer}, XLA: {xla}, ours skips padding: "
+        f"{'yes' if args.skip_padding else 'no'}"
     )
     print("| model | optimizer | parameters | real tokens/s (src+tgt) |")
     print("|---|---|---|---|")

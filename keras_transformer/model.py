@@ -35,6 +35,7 @@ def build_transformer(
     learned_positions=False,
     max_length=512,
     layer_norm_epsilon=1e-6,
+    skip_padding=False,
     name="transformer",
 ):
     """Builds the encoder-decoder Transformer of Vaswani et al. (2017) as a `keras.Model`.
@@ -69,6 +70,10 @@ def build_transformer(
         max_length: int, longest sequence (size of a learned position table; documents the
             longest input the model was meant for). Defaults to `512`.
         layer_norm_epsilon: float. Defaults to `1e-6`.
+        skip_padding: bool, both stacks run their per-token work on the real tokens only
+            (`Encoder(skip_padding=True)`), and so does a tied projection: the same logits at
+            real positions up to rounding, zeros at padded ones, less arithmetic on padded
+            batches. Not under XLA. Defaults to `False`.
         name: str, model name. Defaults to `"transformer"`.
 
     Returns:
@@ -138,8 +143,9 @@ def build_transformer(
         norm_first=norm_first,
         layer_norm_epsilon=layer_norm_epsilon,
     )
-    encoder = Encoder(num_layers, name="encoder", **stack_kwargs)
-    decoder = Decoder(num_decoder_layers, name="decoder", **stack_kwargs)
+    encoder = Encoder(num_layers, name="encoder", skip_padding=skip_padding, **stack_kwargs)
+    decoder = Decoder(num_decoder_layers, name="decoder", skip_padding=skip_padding,
+                      **stack_kwargs)
 
     encoder_tokens = keras.Input(shape=(None,), dtype="int32", name=ENCODER_INPUT)
     decoder_tokens = keras.Input(shape=(None,), dtype="int32", name=DECODER_INPUT)
@@ -147,7 +153,9 @@ def build_transformer(
     memory = encoder(source_embedding(encoder_tokens))
     hidden = decoder(target_embedding(decoder_tokens), memory)
     if tie_embeddings:
-        logits = target_embedding(hidden, reverse=True)
+        # Skipping padding, the tied projection computes the real target positions only.
+        padding = keras.ops.not_equal(decoder_tokens, 0) if skip_padding else None
+        logits = target_embedding(hidden, reverse=True, padding_mask=padding)
     else:
         logits = keras.layers.Dense(target_vocab_size, name="output_projection")(hidden)
     # Logits in float32 even under mixed precision: softmax and the loss need the range.
@@ -311,7 +319,10 @@ class TransformerParts:
         """`source_ids` int `(B, S)` -> `(memory (B, S, d_model), memory_mask bool (B, S))`."""
         memory_mask = ops.not_equal(source_ids, 0)
         embedded = self.source_embedding(source_ids, training=training)
-        memory = self.encoder(embedded, padding_mask=memory_mask, training=training)
+        # Every position (`skip_padding=False`): this path also runs under XLA (`--jit`);
+        # `encode_packed` is the one without the padding.
+        memory = self.encoder(embedded, padding_mask=memory_mask, training=training,
+                              skip_padding=False)
         return memory, memory_mask
 
     def encode_packed(self, source_ids):
@@ -646,6 +657,7 @@ class TransformerParts:
             padding_mask=ops.not_equal(decoder_tokens, 0),
             encoder_padding_mask=memory_mask,
             training=False,
+            skip_padding=False,  # a reference of every position, XLA or not
         )
         return self.project(hidden)
 

@@ -1,6 +1,7 @@
 """Keras layers of the Transformer, bottom-up as in the paper."""
 
 from keras_transformer.layers.masking import causal_mask, merge_masks
+from keras_transformer.layers.packing import PackedRows
 from keras_transformer.layers.multi_head_attention import MultiHeadAttention
 from keras_transformer.layers.positional_embedding import PositionalEmbedding, sinusoidal_encoding
 from keras_transformer.layers.feed_forward import FeedForward
@@ -20,4 +21,5 @@ __all__ = [
     "Decoder",
     "causal_mask",
     "merge_masks",
+    "PackedRows",
 ]

@@ -6,6 +6,7 @@ from keras_transformer.layers import masking
 from keras_transformer.layers.block_base import spec_like, unpack_decoder_cache
 from keras_transformer.layers.decoder_block import DecoderBlock
 from keras_transformer.layers.encoder import Encoder
+from keras_transformer.layers.packing import PackedRows
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
@@ -35,6 +36,8 @@ class Decoder(Encoder):
         cache_index: int scalar, position of `inputs[:, 0]`.
         return_attention_scores: bool. Defaults to `False`.
         training: bool, whether dropout is active.
+        skip_padding: bool or `None`, this call's choice (`False` under XLA; cached calls
+            never skip). Defaults to `None`, the layer's `skip_padding`.
 
     Returns:
         `(B, T, d_model)` hidden states (without a Keras mask: the loss masks by label);
@@ -101,6 +104,7 @@ class Decoder(Encoder):
         cache_index=None,
         return_attention_scores=False,
         training=None,
+        skip_padding=None,
     ):
         if cache is not None:
             cache = unpack_decoder_cache(cache)
@@ -108,6 +112,11 @@ class Decoder(Encoder):
             padding_mask = masking.keras_mask(inputs)
         if encoder_padding_mask is None and encoder_outputs is not None:
             encoder_padding_mask = masking.keras_mask(encoder_outputs)
+        skip_padding = self.skip_padding if skip_padding is None else skip_padding
+        if (skip_padding and cache is None and padding_mask is not None
+                and not return_attention_scores):
+            return self._call_packed(inputs, encoder_outputs, padding_mask,
+                                     encoder_padding_mask, training)
         x, scores, self_caches = inputs, [], []
         for index, block in enumerate(self.blocks):
             block_cache = None if cache is None else (cache[0][index], cache[1][index], cache[2])
@@ -137,6 +146,20 @@ class Decoder(Encoder):
             results += ((tuple(self_caches), tuple(cache[1]), cache[2]),)
         return results[0] if len(results) == 1 else results
 
+    def _call_packed(self, inputs, encoder_outputs, padding_mask, encoder_padding_mask,
+                     training):
+        """The stack on the real target and memory positions only (`skip_padding`)."""
+        if encoder_outputs is None:
+            raise ValueError("`encoder_outputs` is required when no cache is passed.")
+        if encoder_padding_mask is None:  # no padding in the memory
+            encoder_padding_mask = keras.ops.ones(keras.ops.shape(encoder_outputs)[:2], "bool")
+        layout, memory_layout = PackedRows(padding_mask), PackedRows(encoder_padding_mask)
+        memory_rows = memory_layout.pack(keras.ops.cast(encoder_outputs, self.compute_dtype))
+        x = layout.pack(inputs)
+        for block in self.blocks:
+            x = block.call_packed(x, layout, memory_rows, memory_layout, training=training)
+        return layout.unpack(self._final_norm(x) if self._final_norm is not None else x)
+
     def compute_output_spec(
         self,
         inputs,
@@ -147,6 +170,7 @@ class Decoder(Encoder):
         cache_index=None,
         return_attention_scores=False,
         training=None,
+        skip_padding=None,
     ):
         # The same structure as `call`, so symbolic (functional) calls match eager ones.
         results = (self._outputs_spec(inputs),)

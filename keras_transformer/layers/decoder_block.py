@@ -160,6 +160,23 @@ class DecoderBlock(BlockBase):
             results += ((self_extras[-1], cross_cache, cached_mask),)
         return results[0] if len(results) == 1 else results
 
+    def call_packed(self, rows, layout, memory_rows, memory_layout, training=None):
+        """`call` (causal, no cache) on the real positions only: `(N, d_model)` rows of
+        `layout` and the memory's `(M, d_model)` rows of `memory_layout` (`PackedRows` of the
+        two padding masks) in, rows out (see `Decoder(skip_padding=True)`)."""
+
+        def self_attend(x):
+            return self._self_attention.call_packed(x, layout, x, layout, use_causal_mask=True,
+                                                    training=training)
+
+        def cross_attend(x):
+            return self._cross_attention.call_packed(x, layout, memory_rows, memory_layout,
+                                                     training=training)
+
+        x, _ = self._sublayer("self_attention", rows, self_attend, training)
+        x, _ = self._sublayer("cross_attention", x, cross_attend, training)
+        return self._feed_forward_sublayer(x, training)
+
     def compute_output_spec(
         self,
         inputs,

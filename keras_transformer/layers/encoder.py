@@ -5,6 +5,7 @@ import keras
 from keras_transformer.layers import masking
 from keras_transformer.layers.block_base import BlockBase
 from keras_transformer.layers.encoder_block import EncoderBlock
+from keras_transformer.layers.packing import PackedRows
 from keras_transformer.layers.utils import clone_initializer
 
 
@@ -26,6 +27,13 @@ class Encoder(BlockBase):
         layer_norm_epsilon: float. Defaults to `1e-6`.
         kernel_initializer: kernels' initializer. Defaults to `"glorot_uniform"`.
         bias_initializer: biases' initializer. Defaults to `"zeros"`.
+        skip_padding: bool, run the per-token work (projections, feed-forward layers, norms,
+            residuals, dropout) on the real positions only, packed into rows, in calls with
+            a padding mask and without attention scores (`PackedRows`); the attention still
+            sees the padded layout. Real positions get the same values up to rounding,
+            padded ones zeros. It saves the padding's share of nearly all of the stack's
+            arithmetic (benchmarks/RESULTS.md); its shapes depend on the data, so not under
+            XLA (`jit_compile`). Defaults to `False`.
         **kwargs: base `keras.layers.Layer` arguments.
 
     Call arguments:
@@ -33,6 +41,8 @@ class Encoder(BlockBase):
         padding_mask: bool `(B, S)`; defaults to the Keras mask of `inputs`.
         return_attention_scores: bool. Defaults to `False`.
         training: bool, whether dropout is active.
+        skip_padding: bool or `None`, this call's choice (`False` under XLA). Defaults to
+            `None`, the layer's `skip_padding`.
 
     Returns:
         `(B, S, d_model)` memory (carrying the input's Keras mask), or `(memory, scores)` with
@@ -50,11 +60,14 @@ class Encoder(BlockBase):
     [(None, 2, None, None), (None, 2, None, None)]
     """
 
-    def __init__(self, num_layers, num_heads, ff_dim, **kwargs):
+    def __init__(self, num_layers, num_heads, ff_dim, skip_padding=False, **kwargs):
         super().__init__(num_heads, ff_dim, **kwargs)
         if num_layers is None or num_layers <= 0:
             raise ValueError(f"`num_layers` must be a positive integer, got num_layers={num_layers}.")
         self.num_layers = num_layers
+        self.skip_padding = bool(skip_padding)
+        # Keras then compiles a model holding this stack without XLA (`jit_compile`).
+        self.supports_jit = not self.skip_padding
 
     def _block_kwargs(self, name):
         return dict(
@@ -88,9 +101,17 @@ class Encoder(BlockBase):
         self._build_final_norm(inputs_shape)
         self.built = True
 
-    def call(self, inputs, padding_mask=None, return_attention_scores=False, training=None):
+    def call(self, inputs, padding_mask=None, return_attention_scores=False, training=None,
+             skip_padding=None):
         if padding_mask is None:
             padding_mask = masking.keras_mask(inputs)
+        skip_padding = self.skip_padding if skip_padding is None else skip_padding
+        if skip_padding and padding_mask is not None and not return_attention_scores:
+            layout = PackedRows(padding_mask)
+            x = layout.pack(inputs)
+            for block in self.blocks:
+                x = block.call_packed(x, layout, training=training)
+            return layout.unpack(self._final_norm(x) if self._final_norm is not None else x)
         x, scores = inputs, []
         for block in self.blocks:
             x = block(
@@ -107,7 +128,8 @@ class Encoder(BlockBase):
         return (x, scores) if return_attention_scores else x
 
     def compute_output_spec(
-        self, inputs, padding_mask=None, return_attention_scores=False, training=None
+        self, inputs, padding_mask=None, return_attention_scores=False, training=None,
+        skip_padding=None,
     ):
         # The same structure as `call`, so symbolic (functional) calls match eager ones.
         outputs = self._outputs_spec(inputs)
@@ -119,4 +141,5 @@ class Encoder(BlockBase):
     def get_config(self):
         config = super().get_config()
         config["num_layers"] = self.num_layers
+        config["skip_padding"] = self.skip_padding
         return config

@@ -86,6 +86,16 @@ class EncoderBlock(BlockBase):
         x = self._feed_forward_sublayer(x, training)
         return (x,) + extras if return_attention_scores else x
 
+    def call_packed(self, rows, layout, training=None):
+        """`call` on the real positions only: `(N, d_model)` rows of `layout` (a
+        `PackedRows` of the padding mask) in, rows out (see `Encoder(skip_padding=True)`)."""
+
+        def attend(x):
+            return self._self_attention.call_packed(x, layout, x, layout, training=training)
+
+        x, _ = self._sublayer("self_attention", rows, attend, training)
+        return self._feed_forward_sublayer(x, training)
+
     def compute_output_spec(
         self,
         inputs,

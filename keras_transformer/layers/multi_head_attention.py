@@ -223,6 +223,38 @@ class MultiHeadAttention(keras.layers.Layer):
             results += (cache,)
         return results[0] if len(results) == 1 else results
 
+    def call_packed(self, query_rows, query_layout, value_rows, value_layout,
+                    use_causal_mask=False, training=None):
+        """`call` on the real positions only, packed into rows (see `PackedRows`).
+
+        The projections run on the rows (`(N, d)` queries, `(M, d)` keys/values); only the
+        attention itself sees the padded layouts, and the padding of `value_layout` is hidden
+        as keys. At every real query position the result equals `call`'s with the layouts'
+        masks as padding masks (up to rounding).
+
+        Args:
+            query_rows: `(N, d_model)`, the rows of `query_layout`.
+            query_layout: `PackedRows` of the queries' `(B, T)` mask.
+            value_rows: `(M, d_value)`, the rows of `value_layout` (keys = values).
+            value_layout: `PackedRows` of the keys' `(B, S)` mask.
+            use_causal_mask: bool. Defaults to `False`.
+            training: bool, whether dropout is active.
+
+        Returns:
+            `(N, d_model)` rows.
+        """
+        query_heads = self._split_heads(query_layout.unpack(self._query_dense(query_rows)))
+        key_heads = self._split_heads(value_layout.unpack(self._key_dense(value_rows)))
+        value_heads = self._split_heads(value_layout.unpack(self._value_dense(value_rows)))
+        mask = masking.merge_masks(
+            padding_mask=value_layout.mask,
+            use_causal_mask=use_causal_mask,
+            query_length=ops.shape(query_heads)[1],
+            key_length=ops.shape(key_heads)[1],
+        )
+        outputs, _ = self._attend(query_heads, key_heads, value_heads, mask, False, training)
+        return self._output_dense(query_layout.pack(self._merge_heads(outputs)))
+
     def _attend(self, query, key, value, mask, return_attention_scores, training):
         """softmax(Q K^T / sqrt(d_k)) V on `(B, T|S, H, d_k)` heads; mask `(B, T, S)` or None."""
         scale = 1.0 / math.sqrt(self._head_dim)

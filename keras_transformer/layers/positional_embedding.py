@@ -5,6 +5,8 @@ import math
 import keras
 from keras import ops
 
+from keras_transformer.layers.packing import PackedRows
+
 # The base of the sinusoid wavelengths in the paper (section 3.5).
 SINUSOID_BASE = 10000.0
 
@@ -68,6 +70,9 @@ class PositionalEmbedding(keras.layers.Layer):
         start_index: int scalar, absolute position of the first token (cached decoding feeds
             one token at a time). Defaults to `0`.
         reverse: bool, project hidden states to vocabulary logits. Defaults to `False`.
+        padding_mask: bool `(B, T)` or `None`, with `reverse=True` only: project the real
+            positions alone (`PackedRows`), zero logits at the padding. Defaults to `None`
+            (every position).
         training: bool, whether dropout is active.
 
     Returns:
@@ -139,10 +144,17 @@ class PositionalEmbedding(keras.layers.Layer):
         self._dropout_layer = keras.layers.Dropout(self.dropout, dtype=self.dtype_policy)
         self.built = True
 
-    def call(self, inputs, start_index=0, reverse=False, training=None):
+    def call(self, inputs, start_index=0, reverse=False, padding_mask=None, training=None):
         if reverse:
             # Tied pre-softmax projection: (B, T, d) x (d, V) -> (B, T, V).
-            return ops.matmul(inputs, ops.transpose(ops.cast(self.embeddings, inputs.dtype)))
+            kernel = ops.transpose(ops.cast(self.embeddings, inputs.dtype))
+            if padding_mask is None:
+                return ops.matmul(inputs, kernel)
+            layout = PackedRows(padding_mask)
+            return layout.unpack(ops.matmul(layout.pack(inputs), kernel))
+        if padding_mask is not None:
+            raise ValueError("`padding_mask` is for `reverse=True` (the embedding of token ids "
+                             "masks padding by itself).")
         length = ops.shape(inputs)[-1]
         tokens = ops.take(self.embeddings, ops.cast(inputs, "int32"), axis=0)  # (B, T, d)
         if self.scale_embeddings:
@@ -163,7 +175,8 @@ class PositionalEmbedding(keras.layers.Layer):
             return None
         return ops.not_equal(inputs, 0)
 
-    def compute_output_spec(self, inputs, start_index=0, reverse=False, training=None):
+    def compute_output_spec(self, inputs, start_index=0, reverse=False, padding_mask=None,
+                            training=None):
         if reverse:
             shape = tuple(inputs.shape[:-1]) + (self.vocab_size,)
         else:

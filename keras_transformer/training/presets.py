@@ -124,6 +124,11 @@ class TrainingConfig:
         True, "Share the target embedding with the output projection (and the source "
         "embedding when the vocabulary is shared), as in the paper."
     )
+    skip_padding: bool = _field(
+        False, "The encoder and decoder stacks run their per-token work on the real tokens "
+        "only (`build_transformer(skip_padding=True)`): the same model, less arithmetic on "
+        "padded batches; Keras then compiles without XLA."
+    )
 
     # Data.
     data: str = _field(

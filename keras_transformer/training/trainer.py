@@ -122,6 +122,7 @@ def build_model(config, source_tokenizer, target_tokenizer):
         norm_first=config.norm_first,
         tie_embeddings=config.tie_embeddings,
         max_length=max(config.max_length, 512),
+        skip_padding=config.skip_padding,
     )
 
 

@@ -20,18 +20,22 @@ def _load(name):
     return module
 
 
-@pytest.mark.parametrize("loss,optimizer,jit", [
-    ("same", "same", "false"), ("own", "own", "false"), ("same", "same", "true")])
-def test_train_vs_keras_hub_prints_a_ratio(loss, optimizer, jit, capsys):
+@pytest.mark.parametrize("loss,optimizer,jit,skip", [
+    ("same", "same", "false", False), ("own", "own", "false", True),
+    ("same", "same", "true", False), ("same", "same", "true", True)])
+def test_train_vs_keras_hub_prints_a_ratio(loss, optimizer, jit, skip, capsys):
     pytest.importorskip("keras_hub")
     script = _load("train_vs_keras_hub")
     script.main(["--steps", "2", "--warmup", "1", "--d-model", "16", "--heads", "2",
                  "--ff-dim", "32", "--layers", "1", "--vocab-size", "50", "--batch-size", "4",
-                 "--length", "8", "--loss", loss, "--optimizer", optimizer, "--jit-compile", jit])
+                 "--length", "8", "--loss", loss, "--optimizer", optimizer, "--jit-compile", jit]
+                + (["--skip-padding"] if skip else []))
     out = capsys.readouterr().out
     xla = jit.capitalize()  # as the compiled models report it
-    assert (f"loss: {loss}, optimizer: {optimizer}, XLA: keras_transformer {xla}, "
-            f"keras_hub {xla}") in out, out
+    ours = "False" if skip else xla  # a model skipping padding is compiled without XLA
+    assert (f"loss: {loss}, optimizer: {optimizer}, XLA: keras_transformer {ours}, "
+            f"keras_hub {xla}, ours skips padding: {'yes' if skip else 'no'}") in out, out
+    assert re.search(r"batches 4x8 \(\d+% padding\)", out), out
     assert re.search(r"ratio keras_transformer / keras_hub: \d+\.\d\dx", out), out
     ours = "FusedAdam" if optimizer == "own" else "Adam"
     assert re.search(rf"\| keras_transformer \| {ours} \| [\d,]+ \| [\d,]+ \|", out), out
