@@ -369,3 +369,20 @@ def test_decoding_scripts_read_multi30k_where_the_package_finds_it(tmp_path, mon
     assert multi30k_lines("val", "en", limit=1, local_dir=tmp_path) == ["val.en.gz line 0"]
     with pytest.raises(Exception, match="missing file"):
         multi30k_lines("train", "en", local_dir=tmp_path / "missing")
+
+
+def test_skip_padding_times_both_models_on_the_same_batches(capsys):
+    from keras_transformer.data import find_local_multi30k
+
+    if find_local_multi30k() is None:
+        pytest.skip("no local copy of Multi30K")
+    script = _load("skip_padding")
+    script.main(["--preset", "tiny", "--steps", "2", "--warmup", "1", "--batch-size", "4",
+                 "--length", "8", "--precision", "float32"])
+    out = capsys.readouterr().out
+    assert re.search(r"tiny, float32, padded batches \(4x8, \d+% padding\), 2 timed", out), out
+    assert re.search(r"^\| False \| [\d,]+ \|$", out, re.M), out
+    assert re.search(r"^\| True \| [\d,]+ \|$", out, re.M), out
+    assert re.search(r"ratio skip_padding / every position: \d+\.\d\dx", out), out
+    with pytest.raises(SystemExit):
+        script.main(["--set", "d_model"])
