@@ -50,7 +50,7 @@ def read_sources(path, data_dir=None, limit=None):
     if path is None:
         from keras_transformer.data import multi30k_lines
 
-        sentences = multi30k_lines("test_2016", "en", limit, local_dir=data_dir)
+        sentences = multi30k_lines("test_2016", "en", limit or None, local_dir=data_dir)
     else:
         from keras_transformer.data.readers import iter_lines
 

@@ -40,6 +40,7 @@ def _read(path, limit):
     from keras_transformer.data import multi30k_lines
     from keras_transformer.data.readers import iter_lines
 
+    limit = limit or None  # 0: every line
     if path is None:
         return multi30k_lines("test_2016", "en", limit)
     return [line.strip() for line in itertools.islice(iter_lines(path), limit)]

@@ -258,7 +258,8 @@ def cmd_export(args):
             jit_max_rows=args.jit_max_rows or None,
             drop_finished=not args.keep_finished,
             in_place_cache="none" if args.growing_cache else "beam",
-            stored_projection=not args.no_stored_projection,
+            # Otherwise DecodingConfig.EXPORT_SETTINGS decides (stored).
+            **({"stored_projection": False} if args.no_stored_projection else {}),
         )
     except ValueError as error:
         raise SystemExit(f"keras-transformer export: {error}") from None
@@ -453,7 +454,7 @@ def build_parser():
         help=f"tiny | quick | multi30k (default: an existing run's own configuration, else "
              f"{DEFAULT_PRESET})")
     train.add_argument("--config", help="a JSON or YAML TrainingConfig file (overrides --preset)")
-    train.add_argument("--set", nargs="*", metavar="KEY=VALUE", help="override config fields")
+    train.add_argument("--set", nargs="*", metavar="FIELD=VALUE", help="override config fields")
     train.add_argument("--epochs", type=int)
     train.add_argument("--output", required=True, help="run directory")
     train.add_argument("--overwrite", action="store_true", help="delete an existing run first")

@@ -5,7 +5,7 @@ import math
 import keras
 from keras import ops
 
-from keras_transformer.layers import Decoder, Encoder, PositionalEmbedding, masking
+from keras_transformer.layers import Decoder, Encoder, PackedRows, PositionalEmbedding, masking
 from keras_transformer.layers.positional_embedding import sinusoidal_encoding
 from keras_transformer.layers.utils import sublayer_connection
 
@@ -153,9 +153,10 @@ def build_transformer(
     memory = encoder(source_embedding(encoder_tokens))
     hidden = decoder(target_embedding(decoder_tokens), memory)
     if tie_embeddings:
-        # Skipping padding, the tied projection computes the real target positions only.
-        padding = keras.ops.not_equal(decoder_tokens, 0) if skip_padding else None
-        logits = target_embedding(hidden, reverse=True, padding_mask=padding)
+        # Skipping padding, the tied projection computes the real target positions only (the
+        # token ids are the mask: no op outside a layer, so the model's layers stay layers).
+        logits = target_embedding(hidden, reverse=True,
+                                  padding_mask=decoder_tokens if skip_padding else None)
     else:
         logits = keras.layers.Dense(target_vocab_size, name="output_projection")(hidden)
     # Logits in float32 even under mixed precision: softmax and the loss need the range.
@@ -345,20 +346,11 @@ class TransformerParts:
         """
         memory_mask = ops.not_equal(source_ids, 0)
         batch, length = ops.shape(source_ids)[0], ops.shape(source_ids)[1]
-        rows = ops.where(ops.reshape(memory_mask, (-1,)))[0]  # (T,): the real positions
+        layout = PackedRows(memory_mask)  # the T real positions
         mask = memory_mask[:, None, :]  # (B, 1, S): every query sees the real keys
 
-        def packed(values):
-            """`(B, S, ...)` -> `(T, n)`: the real positions' rows, flattened."""
-            return ops.take(ops.reshape(values, (batch * length, -1)), rows, axis=0)
-
-        def padded(values):
-            """`(T, n)` rows -> `(B, S, n)`, zeros at padding."""
-            flat = ops.scatter(rows[:, None], values, (batch * length, ops.shape(values)[-1]))
-            return ops.reshape(flat, (batch, length, -1))
-
         # The embedding is a gather: as cheap on the padded layout.
-        x = packed(self.source_embedding(source_ids, training=False))  # (T, d)
+        x = layout.pack(self.source_embedding(source_ids, training=False))  # (T, d)
 
         for block in self.encoder.blocks:
             attention = block._self_attention
@@ -371,11 +363,12 @@ class TransformerParts:
 
             def attend(h, attention=attention, num_heads=num_heads, head_dim=head_dim,
                        qkv_weights=qkv_weights, output_weights=output_weights):
-                qkv = ops.reshape(padded(_linear(h, *qkv_weights)),
+                qkv = ops.reshape(layout.unpack(_linear(h, *qkv_weights)),
                                   (batch, length, 3, num_heads, head_dim))
                 queries, keys, values = ops.unstack(qkv, axis=2)  # (B, S, H, d_k) each
                 outputs, _ = attention._attend(queries, keys, values, mask, False, False)
-                return _linear(packed(outputs), *output_weights)  # (T, d)
+                outputs = ops.reshape(layout.pack(outputs), (-1, num_heads * head_dim))
+                return _linear(outputs, *output_weights)  # (T, d)
 
             def feed(h, block=block, inner=inner, outer=outer):
                 return _feed_forward_step(block, inner, outer, h)
@@ -386,7 +379,7 @@ class TransformerParts:
         final_norm = self.encoder._final_norm
         if final_norm is not None:
             x = _layer_norm(x, _norm_weights(final_norm))
-        return padded(x), memory_mask
+        return layout.unpack(x), memory_mask
 
     def initial_cache(self, memory, memory_mask, max_length=None):
         """The whole decoding cache, memory part included (see the class docstring).

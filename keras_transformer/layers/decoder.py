@@ -36,8 +36,9 @@ class Decoder(Encoder):
         cache_index: int scalar, position of `inputs[:, 0]`.
         return_attention_scores: bool. Defaults to `False`.
         training: bool, whether dropout is active.
-        skip_padding: bool or `None`, this call's choice (`False` under XLA; cached calls
-            never skip). Defaults to `None`, the layer's `skip_padding`.
+        skip_padding: bool or `None`, this call's choice (pass `False` in code compiled
+            with XLA; cached calls never skip). Defaults to `None`, the layer's
+            `skip_padding`.
 
     Returns:
         `(B, T, d_model)` hidden states (without a Keras mask: the loss masks by label);

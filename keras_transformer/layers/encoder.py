@@ -41,8 +41,8 @@ class Encoder(BlockBase):
         padding_mask: bool `(B, S)`; defaults to the Keras mask of `inputs`.
         return_attention_scores: bool. Defaults to `False`.
         training: bool, whether dropout is active.
-        skip_padding: bool or `None`, this call's choice (`False` under XLA). Defaults to
-            `None`, the layer's `skip_padding`.
+        skip_padding: bool or `None`, this call's choice (pass `False` in code compiled
+            with XLA). Defaults to `None`, the layer's `skip_padding`.
 
     Returns:
         `(B, S, d_model)` memory (carrying the input's Keras mask), or `(memory, scores)` with

@@ -14,7 +14,8 @@ class PackedRows:
     so this does not run under XLA.
 
     Args:
-        padding_mask: bool or int `(B, T)`, true for real positions.
+        padding_mask: bool or int `(B, T)`, true (non-zero) for real positions: token ids
+            with 0 as padding will do.
 
     Example:
 

@@ -70,7 +70,8 @@ class PositionalEmbedding(keras.layers.Layer):
         start_index: int scalar, absolute position of the first token (cached decoding feeds
             one token at a time). Defaults to `0`.
         reverse: bool, project hidden states to vocabulary logits. Defaults to `False`.
-        padding_mask: bool `(B, T)` or `None`, with `reverse=True` only: project the real
+        padding_mask: bool or int `(B, T)` (true or non-zero for real positions: the token
+            ids themselves will do) or `None`; with `reverse=True` only: project the real
             positions alone (`PackedRows`), zero logits at the padding. Defaults to `None`
             (every position).
         training: bool, whether dropout is active.

@@ -7,7 +7,7 @@ import tensorflow as tf
 
 from keras_transformer import build_transformer
 from keras_transformer.layers import Decoder, Encoder, PackedRows, PositionalEmbedding
-from keras_transformer.model import TransformerParts
+from keras_transformer.model import TransformerParts, with_dtype_policy
 from tests.layer_checks import to_numpy
 
 D, FF, H = 16, 32, 2
@@ -20,10 +20,9 @@ NORMS = pytest.mark.parametrize("norm_first", [False, True], ids=["post_norm", "
 
 def _pair(layer_class, norm_first, **kwargs):
     """Two stacks with the same weights, one of them skipping the padding."""
-    layers = [layer_class(num_layers=2, num_heads=H, ff_dim=FF, dropout=0.1,
-                          norm_first=norm_first, skip_padding=skip, **kwargs)
-              for skip in (False, True)]
-    return layers
+    return [layer_class(num_layers=2, num_heads=H, ff_dim=FF, dropout=0.1,
+                        norm_first=norm_first, skip_padding=skip, **kwargs)
+            for skip in (False, True)]
 
 
 def _record_dense_rows(block_layer, seen):
@@ -55,6 +54,9 @@ def test_encoder_skipping_padding_equals_the_encoder_at_real_positions(norm_firs
     assert seen == [(int(real.sum()), D)]
     # The Keras mask still travels with the output.
     np.testing.assert_array_equal(to_numpy(skipping(embedded)._keras_mask), real)
+    # Training: dropout acts on the packed rows (other values), the padding stays zero.
+    trained = to_numpy(skipping(embedded, training=True))
+    assert not np.allclose(trained[real], outputs[real]) and np.all(trained[~real] == 0.0)
 
 
 @NORMS
@@ -79,6 +81,10 @@ def test_decoder_skipping_padding_equals_the_decoder_at_real_positions(norm_firs
                               return_attention_scores=True)
     np.testing.assert_allclose(to_numpy(hidden)[real], outputs[real], rtol=1e-5, atol=1e-5)
     assert len(scores) == 2
+    step = target[:, :1]
+    cached = [layer(step, None, cache=layer.initialize_cache(memory, 4, source_mask),
+                    cache_index=0)[0] for layer in (every, skipping)]
+    np.testing.assert_allclose(to_numpy(cached[1]), to_numpy(cached[0]), rtol=1e-5, atol=1e-5)
 
 
 def _model_pair(**kwargs):
@@ -99,7 +105,7 @@ def _loss_and_gradients(model):
     return float(loss), tape.gradient(loss, model.trainable_variables)
 
 
-@pytest.mark.parametrize("norm_first", [False, True], ids=["post_norm", "pre_norm"])
+@NORMS
 def test_a_model_skipping_padding_learns_as_the_model_does(norm_first):
     every, skipping = _model_pair(norm_first=norm_first)
     loss, gradients = _loss_and_gradients(every)
@@ -128,6 +134,7 @@ def test_a_tied_model_skipping_padding_projects_the_real_positions_only():
 
 
 def test_skipping_padding_under_bfloat16_and_after_saving(tmp_path):
+    previous = keras.config.dtype_policy()
     keras.config.set_dtype_policy("mixed_bfloat16")
     try:
         every, skipping = _model_pair()
@@ -139,11 +146,17 @@ def test_skipping_padding_under_bfloat16_and_after_saving(tmp_path):
             from_logits=True, ignore_class=0))
         skipping.train_on_batch(inputs, LABELS)
     finally:
-        keras.config.set_dtype_policy("float32")
+        keras.config.set_dtype_policy(previous)
     path = tmp_path / "model.keras"
     skipping.save(path)
     loaded = keras.saving.load_model(path, compile=False)
     assert loaded.get_layer("encoder").skip_padding and loaded.get_layer("decoder").skip_padding
+    np.testing.assert_array_equal(to_numpy(loaded(inputs)), to_numpy(skipping(inputs)))
+    # As `load_run` decodes it: the same model in float32 (every layer is a layer).
+    float32 = with_dtype_policy(loaded, "float32")
+    assert float32.get_layer("decoder").skip_padding
+    np.testing.assert_allclose(to_numpy(float32(inputs))[real], to_numpy(loaded(inputs))[real],
+                               rtol=0.05, atol=0.05)
 
 
 def test_skipping_padding_stays_out_of_xla():
@@ -160,6 +173,11 @@ def test_skipping_padding_stays_out_of_xla():
     real = to_numpy(mask)
     np.testing.assert_allclose(to_numpy(memory)[real], to_numpy(expected)[real], rtol=1e-5,
                                atol=1e-5)
+    # Every position computed (the packed path leaves zeros at the padding).
+    assert np.all(np.any(to_numpy(memory)[~real] != 0.0, axis=-1))
+    logits = tf.function(parts.full_logits, jit_compile=True)(tf.constant(TARGET), memory,
+                                                              mask)
+    assert np.all(np.any(to_numpy(logits)[TARGET == 0] != 0.0, axis=-1))
 
 
 def test_packed_rows_of_an_all_padding_batch_row():
