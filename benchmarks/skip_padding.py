@@ -4,8 +4,8 @@ Builds a preset's model twice with the same weights, once with `skip_padding=Tru
 stacks and the tied projection compute the real tokens only), and times alternating
 `train_on_batch` steps (the order flips every step) on one of two kinds of batches:
 
-- `padded`: one fixed length (`--length`), rows of random lengths from 2 to it, as
-  `train_vs_keras_hub.py` draws them (about half of the positions are padding);
+- `padded`: one fixed length (`--length`), rows of random lengths from 2 to it, drawn by
+  `train_vs_keras_hub.make_batches` (about half of the positions are padding);
 - `bucketed`: the preset's own Multi30K training batches (length buckets, a token budget),
   as `keras-transformer train` makes them.
 
@@ -18,33 +18,12 @@ the batches and the ratio.
 
 import argparse
 import os
+import sys
 import tempfile
 import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-
-# The shortest row drawn for a padded batch (a start or end token and one word).
-MIN_LENGTH = 2
-
-
-def padded_batches(count, batch_size, length, vocab_size, seed):
-    """`count` `(inputs, labels)` of fixed `length`, each row padded after a random length."""
-    import numpy as np
-
-    rng = np.random.default_rng(seed)
-    positions = np.arange(length)[None, :]
-    batches = []
-    for _ in range(count):
-        rows = {}
-        for name in ("encoder_tokens", "decoder_tokens"):
-            lengths = rng.integers(MIN_LENGTH, length + 1, size=(batch_size, 1))
-            ids = rng.integers(3, vocab_size, size=(batch_size, length))
-            rows[name] = np.where(positions < lengths, ids, 0).astype("int32")
-        decoder = rows["decoder_tokens"]
-        # The next token at each real position, padding where the decoder input is padding.
-        labels = np.where(decoder != 0, np.roll(decoder, -1, axis=1), 0).astype("int32")
-        batches.append((rows, labels))
-    return batches
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # train_vs_keras_hub
 
 
 def main(argv=None):
@@ -88,8 +67,11 @@ def main(argv=None):
             batches = [({k: v.numpy() for k, v in x.items()}, y.numpy())
                        for x, y in train_ds.take(count)]
         else:
-            batches = padded_batches(count, args.batch_size, args.length, source.vocab_size,
-                                     config.seed)
+            from train_vs_keras_hub import make_batches
+
+            batches = make_batches(argparse.Namespace(
+                seed=config.seed, batch_size=args.batch_size, length=args.length,
+                vocab_size=source.vocab_size), count)
         models = {}
         for skip in (False, True):
             model = build_model(config.replace(skip_padding=skip), source, target)
