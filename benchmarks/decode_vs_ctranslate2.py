@@ -14,7 +14,10 @@
    same batches in input order, the same number of threads, raw text in and text out
    (CTranslate2's time includes SentencePiece in Python, ours the in-graph tokenizer), at
    most `--max-output-length` output tokens.
-4. Prints a Markdown table: sentences/s, BLEU, and the ratio ours / CTranslate2.
+4. Prints a Markdown table: sentences/s, BLEU, how many translations are those of the
+   default export (of the bfloat16 export for bfloat16 + XLA), and the ratio ours /
+   CTranslate2. Exports that only change how the search runs (dropping finished sentences,
+   the cache's layout, XLA) must give every translation of the one they are compared with.
 
 `--threads 1 --inter-threads 2 --callers 2` times a server's setting on a 2-core machine: two
 batches at once (TF Serving's `num_batch_threads: 2`), one thread each. Both engines get it:
@@ -105,10 +108,12 @@ def _parse_args(argv):
 class OurEngine:
     """The exported SavedModel's signatures, called on raw text."""
 
-    def __init__(self, export_dir, name="SavedModel", warm_every_batch=False):
+    def __init__(self, export_dir, name="SavedModel", warm_every_batch=False, reference=None):
         from keras_transformer.export import ExportedTranslator
 
         self.name = name
+        # The engine whose translations this one's are counted against (None: none).
+        self.reference = reference
         # XLA compiles per input shape: translate every batch once before timing.
         self.warm_every_batch = warm_every_batch
         self._translators = {
@@ -128,6 +133,7 @@ class CTranslate2Engine:
 
     name = "CTranslate2"
     warm_every_batch = False  # nothing compiles per shape
+    reference = None  # set by `main`: our default export
 
     def __init__(self, model_dir, tokenizer_model, threads, beam_size, alpha, max_length,
                  max_input_length, inter_threads=1):
@@ -206,6 +212,16 @@ def finished_row_share(lengths, batch_size, sort=False):
     return 1.0 - useful / spent if spent else 0.0
 
 
+def _same_as(hypotheses, reference, reference_name):
+    """`"SavedModel: 7/9"`: how many of `hypotheses` equal `reference`'s, line by line.
+
+    >>> _same_as(["a", "b", "c"], ["a", "x", "c"], "SavedModel")
+    'SavedModel: 2/3'
+    """
+    equal = sum(h == r for h, r in zip(hypotheses, reference, strict=True))
+    return f"{reference_name}: {equal}/{len(reference)}"
+
+
 def _bleu(hypotheses, references):
     import sacrebleu
 
@@ -272,14 +288,15 @@ def main(argv=None):
         ours = OurEngine(export_dir)
 
         def variant(flag, name, directory, variant_model=model, warm_every_batch=False,
-                    **changes):
+                    reference=ours, **changes):
             """Our export with other settings (or weights), when its `--compare-*` flag is set."""
             if not flag:
                 return None
             return OurEngine(export_translator(
                 Translator(variant_model, source_tokenizer, target_tokenizer,
                            dataclasses.replace(config, **changes)),
-                os.path.join(tmp, directory)), name=name, warm_every_batch=warm_every_batch)
+                os.path.join(tmp, directory)), name=name, warm_every_batch=warm_every_batch,
+                reference=reference)
 
         exact = variant(args.compare_exact_stopping, "SavedModel, exact stopping",
                         "export_exact", early_stopping=False)
@@ -298,10 +315,12 @@ def main(argv=None):
                       warm_every_batch=True, jit_compile=True)
         bf16_jit = variant(args.compare_jit and bf16_model is not None,
                            "SavedModel, bfloat16 + XLA", "export_bf16_jit",
-                           variant_model=bf16_model, warm_every_batch=True, jit_compile=True)
+                           variant_model=bf16_model, warm_every_batch=True, reference=bf16,
+                           jit_compile=True)
         theirs = CTranslate2Engine(
             ct2_dir, source_tokenizer.model_path, args.threads, args.beam_size, args.alpha,
             args.max_output_length, config.max_input_length, args.inter_threads)
+        theirs.reference = ours
         print(f"{len(sources)} test_2016 sentences, {args.threads} intra-op thread(s), "
               f"{args.inter_threads} inter-op, {args.callers} caller(s), batch "
               f"{args.batch_size}, CTranslate2 {args.quantization or 'float32'}, TensorFlow "
@@ -312,6 +331,9 @@ def main(argv=None):
         for engine in (ours, theirs):
             _, hypotheses = _throughput(engine, "greedy", sources, args.batch_size)
             check[engine.name] = _bleu(hypotheses, references)
+            if engine is ours:
+                print(f"first sentence: {sources[0]!r}, ours (greedy): {hypotheses[0]!r}",
+                      flush=True)
         difference = abs(check[ours.name] - check[theirs.name])
         # Output lengths in pieces, END included: what a batched greedy search steps over.
         lengths = [len(p) + 1 for p in theirs.pieces(hypotheses)]
@@ -330,7 +352,7 @@ def main(argv=None):
         rows = []
         latency_sources = sources[: args.latency_sentences]
         for search in SEARCHES:
-            figures = {}
+            figures, outputs = {}, {}
             engines = (ours, exact, grown, kept, bf16, jit, bf16_jit, theirs)
             for engine in [e for e in engines if e is not None]:
                 rate, hypotheses = _throughput(engine, search, sources, args.batch_size,
@@ -340,23 +362,27 @@ def main(argv=None):
                 else:
                     rate_one, median = _latency(engine, search, latency_sources)
                 figures[engine.name] = (rate, _bleu(hypotheses, references), rate_one, median)
+                outputs[engine.name] = hypotheses
                 print(f"{search} {engine.name}: {rate:.1f} sent/s (batch {args.batch_size}), "
                       f"{rate_one:.1f} sent/s and {1000 * median:.0f} ms median (batch 1), "
                       f"BLEU {figures[engine.name][1]:.2f}", flush=True)
-            rows.append((search, figures))
+            same = {e.name: _same_as(outputs[e.name], outputs[e.reference.name],
+                                     e.reference.name)
+                    for e in engines if e is not None and e.reference is not None}
+            rows.append((search, figures, same))
 
     label = {"beam": f"beam {args.beam_size}", "greedy": "greedy"}
     print(f"\n| search | engine | sent/s, batch {args.batch_size} | sent/s, batch 1 | "
-          "median latency, batch 1 (ms) | BLEU |")
-    print("|---|---|---|---|---|---|")
-    for search, figures in rows:
+          "median latency, batch 1 (ms) | BLEU | same translations as |")
+    print("|---|---|---|---|---|---|---|")
+    for search, figures, same in rows:
         for name, (rate, bleu, rate_one, median) in figures.items():
             print(f"| {label[search]} | {name} | {rate:.1f} | {rate_one:.1f} | "
-                  f"{1000 * median:.0f} | {bleu:.2f} |")
+                  f"{1000 * median:.0f} | {bleu:.2f} | {same.get(name, '')} |")
     print(f"\n| search | ours / CTranslate2, batch {args.batch_size} | ours / CTranslate2, "
           "batch 1 | latency ours / CTranslate2 |")
     print("|---|---|---|---|")
-    for search, figures in rows:
+    for search, figures, _ in rows:
         ct2_rate, _, ct2_one, ct2_median = figures[theirs.name]
         for engine, suffix in ((ours, ""), (exact, ", exact stopping"), (grown, ", growing cache"),
                                (kept, ", finished kept"),

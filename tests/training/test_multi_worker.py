@@ -33,8 +33,9 @@ _HERE = pathlib.Path(__file__).resolve().parent
 # Seconds any one process may take (they take ~20-60 s on a busy 2-core machine).
 _TIMEOUT = 300
 # Seconds the surviving worker gets to notice its peer died before it is killed (a
-# cluster manager restarts the whole job when one worker fails).
-_SURVIVOR_GRACE = 30
+# cluster manager restarts the whole job when one worker fails). It waits in an all-reduce
+# that never completes, so this only delays the test: nothing checks how it ends.
+_SURVIVOR_GRACE = 5
 _EPOCHS = 2
 
 
