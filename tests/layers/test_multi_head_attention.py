@@ -26,19 +26,22 @@ def test_standard_layer_checks():
     )
 
 
-def test_matches_numpy_reference():
+@pytest.mark.parametrize("inputs", ["self", "cross", "separate_key"])
+def test_matches_numpy_reference(inputs):
     layer = MultiHeadAttention(num_heads=H)
-    query, value = random_array(B, T, D), random_array(B, S, D, seed=1)
-    mask = np.ones((B, S), bool)
+    query = random_array(B, T, D)
+    value = query if inputs == "self" else random_array(B, S, D, seed=1)
+    key = random_array(B, S, D, seed=2) if inputs == "separate_key" else None
+    mask = np.ones(value.shape[:2], bool)
     mask[1, 3:] = False
-    outputs = to_numpy(layer(query, value, padding_mask=mask))
+    outputs = to_numpy(layer(query, value, key=key, padding_mask=mask))
 
     def project(dense, x):
         kernel, bias = (to_numpy(w) for w in dense.weights)
         return (x @ kernel + bias).reshape(x.shape[0], x.shape[1], H, D // H)
 
     q = project(layer._query_dense, query)
-    k = project(layer._key_dense, value)
+    k = project(layer._key_dense, value if key is None else key)
     v = project(layer._value_dense, value)
     logits = np.einsum("bthk,bshk->bhts", q, k) / np.sqrt(D // H)
     logits = np.where(mask[:, None, None, :], logits, -np.inf)
