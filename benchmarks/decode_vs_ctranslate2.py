@@ -18,6 +18,9 @@
    default export (of the bfloat16 export for bfloat16 + XLA), and the ratio ours /
    CTranslate2. Exports that only change how the search runs (dropping finished sentences,
    the cache's layout, XLA) must give every translation of the one they are compared with.
+   CTranslate2's greedy translations must be ours too; its beam search may differ, since its
+   `length_penalty` divides a score by `length ** alpha` where ours divides by GNMT's
+   `((5 + length) / 6) ** alpha`: the same `--alpha` is not the same objective.
 
 `--threads 1 --inter-threads 2 --callers 2` times a server's setting on a 2-core machine: two
 batches at once (TF Serving's `num_batch_threads: 2`), one thread each. Both engines get it:
