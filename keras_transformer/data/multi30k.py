@@ -193,6 +193,17 @@ def multi30k_split_files(source_lang, target_lang, split, local_dir=None):
     ...
     ValueError: Multi30K has no split 'test_2017_mscoco' for cs-en; it has ['train', ...].
     """
+    split, names = _split_file_names(source_lang, target_lang, split)
+    source, target = _find_files(names, f"{split} {source_lang}-{target_lang}", local_dir)
+    return source, target
+
+
+def _split_file_names(source_lang, target_lang, split):
+    """`(split, [source file name, target file name])`, the split's alias resolved.
+
+    Raises:
+        ValueError: as `multi30k_split_files`.
+    """
     split = SPLIT_ALIASES.get(split, split)
     available = multi30k_splits(source_lang, target_lang)
     if split not in available:
@@ -200,7 +211,16 @@ def multi30k_split_files(source_lang, target_lang, split, local_dir=None):
             f"Multi30K has no split {split!r} for {source_lang}-{target_lang}; it has "
             f"{available}."
         )
-    names = [f"{ALL_SPLIT_FILES[split]}.{lang}.gz" for lang in (source_lang, target_lang)]
+    return split, [f"{ALL_SPLIT_FILES[split]}.{lang}.gz" for lang in (source_lang, target_lang)]
+
+
+def _find_files(names, label, local_dir):
+    """The paths of the Multi30K files `names`, in order, found (or downloaded) as
+    `multi30k_split_files` describes; `label` names them in the error.
+
+    Raises:
+        Multi30kNotFoundError: as `multi30k_split_files`.
+    """
     directories = _candidate_dirs(local_dir)
     found, missing = [], []
     for name in names:
@@ -223,7 +243,7 @@ def multi30k_split_files(source_lang, target_lang, split, local_dir=None):
             f"one of: ${ENV_VAR}, shared/data/multi30k next to the repository, or "
             f"{_cache_dir()}")
         raise Multi30kNotFoundError(
-            f"Multi30K {split} {source_lang}-{target_lang}: missing file(s) "
+            f"Multi30K {label}: missing file(s) "
             f"{', '.join(map(str, missing))} (looked in "
             f"{', '.join(str(d) for d in directories)}) and they could not be downloaded"
             + (f" ({download_error})" if download_error else "")
@@ -231,15 +251,16 @@ def multi30k_split_files(source_lang, target_lang, split, local_dir=None):
             f"{where}."
         )
     by_name = {p.name: p for p in found}
-    return by_name[names[0]], by_name[names[1]]
+    return [by_name[name] for name in names]
 
 
 def multi30k_lines(split, lang, limit=None, local_dir=None):
     """One side of a Multi30K split as a list of sentences (lines stripped), file order.
 
     The file is found as `multi30k_split_files` finds it (so also downloaded where it is
-    missing and there is internet); no TFDS preparation. For scripts that need sentences,
-    not a `tf.data` pipeline (the decoding benchmarks read test_2016 this way).
+    missing and there is internet), without the other language's; no TFDS preparation.
+    For scripts that need sentences, not a `tf.data` pipeline (the decoding benchmarks read
+    test_2016 this way).
 
     Args:
         split: str, as in `multi30k_split_files` (`test` = test_2016).
@@ -261,7 +282,9 @@ def multi30k_lines(split, lang, limit=None, local_dir=None):
     from keras_transformer.data.readers import iter_lines
 
     other = "de" if lang == "en" else "en"  # every split has English and German
-    path, _ = multi30k_split_files(lang, other, split, local_dir=local_dir)
+    split, names = _split_file_names(lang, other, split)
+    # Only this side's file: the other language's need not be there.
+    (path,) = _find_files(names[:1], f"{split} {lang}", local_dir)
     return [line.strip() for line in itertools.islice(iter_lines(path), limit)]
 
 

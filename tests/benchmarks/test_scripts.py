@@ -373,6 +373,13 @@ def test_decoding_scripts_read_multi30k_where_the_package_finds_it(tmp_path, mon
     assert multi30k_lines("val", "en", limit=1, local_dir=tmp_path) == ["val.en.gz line 0"]
     with pytest.raises(Exception, match="missing file"):
         multi30k_lines("train", "en", local_dir=tmp_path / "missing")
+    # One side is all it reads: the other language's file need not be there.
+    one_side = tmp_path / "one_side"
+    one_side.mkdir()
+    write_lines(one_side / "test_2016_flickr.de.gz", ["Ein Satz."])
+    assert multi30k_lines("test", "de", local_dir=one_side) == ["Ein Satz."]
+    with pytest.raises(Exception, match=r"missing file\(s\) test_2016_flickr\.en\.gz \("):
+        multi30k_lines("test", "en", local_dir=one_side)
 
 
 def test_skip_padding_times_both_models_on_the_same_batches(capsys):
