@@ -247,6 +247,7 @@ def cmd_export(args):
             beam_size=args.beam_size,
             alpha=args.alpha,
             early_stopping=args.beam_stopping == "early",
+            length_penalty=args.length_penalty,
             max_input_length=args.max_input_length,
             extra_length=args.extra_length,
             max_output_length=args.max_output_length,
@@ -437,7 +438,7 @@ def _translate_and_report(args, sources, references):
 
 
 def build_parser():
-    from keras_transformer.export.translator import BEAM_STOPPING, SEARCHES
+    from keras_transformer.export.translator import BEAM_STOPPING, LENGTH_PENALTIES, SEARCHES
 
     parser = argparse.ArgumentParser(prog="keras-transformer", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -523,6 +524,10 @@ def build_parser():
                         "have finished (early, as fairseq and CTranslate2; default) or once no "
                         "alive hypothesis can beat them (exact: about 2x slower with a length "
                         "penalty of 1.4, occasionally better)")
+    export.add_argument("--length-penalty", default="gnmt", choices=LENGTH_PENALTIES,
+                        help="beam search ranks by log_prob / ((5 + length) / 6) ** alpha "
+                        "(gnmt, the default) or by log_prob / length ** alpha (power: "
+                        "CTranslate2's length_penalty); END counts in the length")
     export.add_argument("--max-input-length", type=int, default=128)
     export.add_argument("--extra-length", type=int, default=50)
     export.add_argument("--max-output-length", type=int, default=128)

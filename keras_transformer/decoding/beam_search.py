@@ -5,7 +5,7 @@ import tensorflow as tf
 from keras_transformer.decoding import utils
 
 
-def _upper_bound(best_alive_log_prob, step, bounds, alpha):
+def _upper_bound(best_alive_log_prob, step, bounds, alpha, form="gnmt"):
     """The best normalized score any extension of the alive beams can still reach.
 
     Log-probabilities only decrease as tokens are added, and the length penalty is monotone
@@ -17,13 +17,14 @@ def _upper_bound(best_alive_log_prob, step, bounds, alpha):
         step: int32 scalar, the step just completed (its hypotheses have `step + 1` tokens).
         bounds: int32 `(B,)`, per-example bounds on the number of generated tokens.
         alpha: float, the length penalty strength.
+        form: str, the length penalty's form (`utils.length_penalty`).
 
     Returns:
         float32 `(B,)`.
     """
     next_length = tf.minimum(step + 2, bounds)  # (B,)
     largest_penalty = tf.maximum(
-        utils.length_penalty(next_length, alpha), utils.length_penalty(bounds, alpha)
+        utils.length_penalty(next_length, alpha, form), utils.length_penalty(bounds, alpha, form)
     )  # (B,)
     return best_alive_log_prob / largest_penalty
 
@@ -45,6 +46,7 @@ def beam_search(
     drop_finished=False,
     cache_rows=None,
     early_stopping=False,
+    length_penalty_form="gnmt",
 ):
     """Beam search with the GNMT length penalty, keeping alive and finished hypotheses.
 
@@ -60,7 +62,8 @@ def beam_search(
     2. a candidate that emits `end_id`, or that reaches the example's bound in
        `max_lengths`, is set aside: it competes for the finished set with score
        `log_prob / length_penalty(length, alpha)`,
-       `length_penalty = ((5 + length) / 6) ** alpha`;
+       `length_penalty = ((5 + length) / 6) ** alpha` (or CTranslate2's `length ** alpha`,
+       `length_penalty_form="power"`; END counts in the length either way);
     3. the `K` best remaining candidates stay alive. Each alive beam has one END
        extension, so at most `K` of the `2K` candidates end and a finished hypothesis
        never takes the place of an alive one;
@@ -114,6 +117,10 @@ def beam_search(
             `greedy_search` (`decoding.InPlaceCache(ancestry=True)` reorders a table of
             row ancestries instead of the keys and values). Defaults to `None`: every
             tensor's leading axis, tiled with `tile_beams` and reordered with `tf.gather`.
+        early_stopping: bool, the stopping rule above. Defaults to `False` (exact).
+        length_penalty_form: str, `"gnmt"` or `"power"` (`utils.length_penalty`): with
+            `"power"` and `early_stopping=True` this is CTranslate2's beam search, whose
+            `length_penalty` is `alpha`. Defaults to `"gnmt"`.
 
     Returns:
         A `SearchResult` for the best finished hypothesis of every example: `tokens` int32
@@ -138,6 +145,9 @@ def beam_search(
         Vaswani et al., 2017, "Attention Is All You Need" (beam 4, alpha 0.6).
     """
     max_length = utils.check_max_length(max_length)
+    if length_penalty_form not in utils.LENGTH_PENALTY_FORMS:
+        raise ValueError(f"length_penalty_form must be one of {utils.LENGTH_PENALTY_FORMS}, "
+                         f"got length_penalty_form={length_penalty_form!r}.")
     beam_size = int(beam_size)
     if beam_size < 1:
         raise ValueError(f"`beam_size` must be at least 1, received {beam_size}.")
@@ -207,7 +217,7 @@ def beam_search(
         ends = possible & (finishing_end | at_bound)  # (B, C)
 
         # Candidates that ended join the finished set, which keeps the K best.
-        penalty = utils.length_penalty(length, alpha)
+        penalty = utils.length_penalty(length, alpha, length_penalty_form)
         new_scores = tf.where(ends, top_log_probs / penalty, utils.NEG_INF)  # (B, C)
         fin_seq, fin_scores, fin_log_probs, fin_lengths, fin_filled = finished
         all_scores = tf.concat([fin_scores, new_scores], axis=1)  # (B, K + C)
@@ -242,7 +252,8 @@ def beam_search(
             cannot_improve = finished[4][:, -1]  # K hypotheses have finished
         else:
             cannot_improve = finished[4][:, -1] & (
-                fin_scores[:, -1] >= _upper_bound(best_alive, step, bounds, alpha)
+                fin_scores[:, -1] >= _upper_bound(best_alive, step, bounds, alpha,
+                                                  length_penalty_form)
             )
         done = done | no_alive | cannot_improve  # (B,)
         # A done example keeps no alive hypothesis, so it cannot change any more.

@@ -217,16 +217,22 @@ def _full_top_candidates(logits, alive_log_probs, num_candidates, forbidden):
                       tokens=indices % vocab_size)
 
 
-def length_penalty(length, alpha):
-    """The GNMT length penalty `((5 + length) / 6) ** alpha` (Wu et al., 2016).
+LENGTH_PENALTY_FORMS = ("gnmt", "power")
 
-    Beam search divides a hypothesis' log-probability by this value, so with `alpha > 0`
-    longer hypotheses are penalized less for their extra (negative) log-probability terms.
-    `alpha = 0` gives 1 (no normalization).
+
+def length_penalty(length, alpha, form="gnmt"):
+    """The length penalty beam search divides a hypothesis' log-probability by.
+
+    `"gnmt"`: `((5 + length) / 6) ** alpha` (Wu et al., 2016). `"power"`: `length **
+    alpha`, CTranslate2's `length_penalty` (an average log-probability at `alpha = 1`).
+    With `alpha > 0` longer hypotheses are penalized less for their extra (negative)
+    log-probability terms; `alpha = 0` gives 1 (no normalization).
 
     Args:
-        length: int or float tensor of any shape, the number of generated tokens.
+        length: int or float tensor of any shape, the number of generated tokens (beam
+            search counts END, as CTranslate2 does).
         alpha: float or float32 scalar tensor, the strength of the penalty.
+        form: str, `"gnmt"` or `"power"`. Defaults to `"gnmt"`.
 
     Returns:
         A float32 tensor with the shape of `length`.
@@ -235,12 +241,18 @@ def length_penalty(length, alpha):
 
     >>> float(length_penalty(1, 1.0))
     1.0
+    >>> float(length_penalty(4, 0.5, form="power"))
+    2.0
 
     References:
         Wu et al., 2016, "Google's Neural Machine Translation System", eq. 14.
     """
     length = tf.cast(length, tf.float32)
     alpha = tf.cast(alpha, tf.float32)
+    if form == "power":
+        return tf.pow(length, alpha)
+    if form != "gnmt":
+        raise ValueError(f"form must be one of {LENGTH_PENALTY_FORMS}, got form={form!r}.")
     return tf.pow((5.0 + length) / 6.0, alpha)
 
 

@@ -211,7 +211,7 @@ def test_decode_vs_ctranslate2_side_by_side_with_concurrent_callers(tiny_run):
          "--latency-sentences", "1", "--beam-size", "2", "--threads", "1",
          "--inter-threads", "2", "--callers", "2", "--compare-keep-finished",
          "--compare-jit", "--compare-growing-cache", "--in-place-greedy", "--compare-bf16",
-         "--compare-exact-stopping"],
+         "--compare-exact-stopping", "--length-penalty", "power"],
         capture_output=True, text=True, timeout=600,
         # Without a choice of allocator (this process's import of keras_transformer set one):
         # the script times TensorFlow's default allocator, the one TF Serving runs.
@@ -220,6 +220,7 @@ def test_decode_vs_ctranslate2_side_by_side_with_concurrent_callers(tiny_run):
     out = completed.stdout
     assert completed.returncode == 0, completed.stderr[-3000:]
     assert "1 intra-op thread(s), 2 inter-op, 2 caller(s)" in out, out
+    assert "our length penalty: power, alpha 0.6" in out, out
     # TensorFlow's own allocator, or oneDNN's where oneDNN is on by default (AVX-512 VNNI or
     # BF16 CPUs), whatever the variable says; never keras_transformer's choice of BFC.
     allocator = re.search(r"TensorFlow CPU allocator: (\w+) \(TF_CPU_ALLOCATOR_USE_BFC=false, "

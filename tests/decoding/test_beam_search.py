@@ -54,18 +54,23 @@ def _short_or_long_table():
     return probs
 
 
+_PENALTIES = {"gnmt": lambda length, alpha: ((5 + length) / 6) ** alpha,
+              "power": lambda length, alpha: length ** alpha}  # END counted in both
+
+
+@pytest.mark.parametrize("form", ["gnmt", "power"])
 @pytest.mark.parametrize("alpha", [0.0, 1.0])
-def test_length_penalty_changes_the_ranking_as_the_formula_says(alpha):
+def test_length_penalty_changes_the_ranking_as_the_formula_says(alpha, form):
     probs = _short_or_long_table()
     short_log_prob = np.log(probs[0, 1, END_ID])
     long_log_prob = np.log(probs[0, 1, A] * probs[1, A, A] * probs[2, A, END_ID])
-    short_score = short_log_prob / ((5 + 1) / 6) ** alpha
-    long_score = long_log_prob / ((5 + 3) / 6) ** alpha
+    short_score = short_log_prob / _PENALTIES[form](1, alpha)
+    long_score = long_log_prob / _PENALTIES[form](3, alpha)
     # The formula makes the short one win without penalty and the long one with alpha 1.
     assert (short_score > long_score) == (alpha == 0.0)
     result = beam_search(
         TableModel(probs).next_logits, {}, 1, 6, beam_size=3, alpha=alpha,
-        return_all_beams=True,
+        return_all_beams=True, length_penalty_form=form,
     )
     expected = [END_ID] if short_score > long_score else [A, A, END_ID]
     length = len(expected)
@@ -75,7 +80,7 @@ def test_length_penalty_changes_the_ranking_as_the_formula_says(alpha):
     np.testing.assert_allclose(
         result.normalized_scores[0, 0], max(short_score, long_score), rtol=1e-5
     )
-    # Both competitors are among the finished beams, ranked by the formula.
+    # The competitors are among the finished beams, ranked by the formula.
     found = {
         tuple(row[:n]): float(score)
         for row, n, score in zip(
@@ -83,8 +88,9 @@ def test_length_penalty_changes_the_ranking_as_the_formula_says(alpha):
             result.normalized_scores[0].numpy(),
         )
     }
-    np.testing.assert_allclose(found[(END_ID,)], short_score, rtol=1e-5)
     np.testing.assert_allclose(found[(A, A, END_ID)], long_score, rtol=1e-5)
+    if form == "gnmt" or alpha == 0.0:  # "power" at alpha 1 ranks longer ones above [END]
+        np.testing.assert_allclose(found[(END_ID,)], short_score, rtol=1e-5)
 
 
 def test_length_penalty_values():
@@ -94,6 +100,9 @@ def test_length_penalty_values():
     np.testing.assert_allclose(
         length_penalty(tf.constant([4, 10]), 0.6), [1.5**0.6, 2.5**0.6], rtol=1e-6
     )
+    np.testing.assert_allclose(length_penalty(tf.constant([4, 9]), 0.5, form="power"), [2, 3])
+    with pytest.raises(ValueError, match="form must be one of"):
+        length_penalty(3, 1.0, form="wu")
 
 
 @pytest.mark.parametrize("beam_size", [1, 2, 3, 5])

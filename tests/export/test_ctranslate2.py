@@ -2,7 +2,8 @@
 
 A converted model must compute our model: the same log-probabilities for a given translation
 (post-norm and pre-norm, tied and untied, sinusoidal and learned positions) and, on the tiny
-trained copy model, the same greedy translation token for token.
+trained copy model, the same greedy translation token for token; CTranslate2's beam search
+is ours with CTranslate2's length penalty (`length_penalty_form="power"`).
 """
 
 import keras
@@ -63,6 +64,56 @@ def test_ctranslate2_greedy_equals_ours_token_for_token(copy_task, tmp_path):
     assert theirs == ours
     # The copy model copies: the oracle is compared on real translations, not empty ones.
     assert sum(o == s for o, s in zip(ours, _ids(copy_task.tokenizer, sentences))) >= 12
+
+
+def _our_beam(model, tokenizer, sentences, alpha, form):
+    parts = TransformerParts(model)
+    source = tokenizer.tokenize(tf.constant(sentences), add_end=True).to_tensor(PAD_ID)
+    memory, memory_mask = parts.encode(source)
+    cache = parts.initial_cache(memory, memory_mask, MAX_DECODING_LENGTH)
+    result = decoding.beam_search(
+        parts.next_logits, cache, batch_size=len(sentences), max_length=MAX_DECODING_LENGTH,
+        beam_size=4, alpha=alpha, early_stopping=True, length_penalty_form=form,
+        start_id=START_ID, end_id=END_ID, pad_id=PAD_ID)
+    tokens, lengths = result.tokens.numpy(), result.lengths.numpy()
+    return [[int(t) for t in row[:n] if t != END_ID] for row, n in zip(tokens, lengths)]
+
+
+def _flattened(model, factor):
+    """A copy of `model` whose logits (but the projection's bias) are `factor` times
+    smaller: the last decoder block's (post-)norm scaled, so the copy is unsure."""
+    copy = keras.models.clone_model(model)
+    copy.set_weights(model.get_weights())
+    norm = copy.get_layer("decoder").blocks[-1]._feed_forward_norm
+    for weight in (norm.gamma, norm.beta):
+        weight.assign(weight * factor)
+    return copy
+
+
+@pytest.mark.slow
+def test_ctranslate2_beam_search_equals_ours_with_its_length_penalty(copy_task, tmp_path):
+    """CTranslate2's beam search is ours with `early_stopping` and the "power" penalty, on
+    a model unsure enough that the penalty's form changes translations."""
+    model = _flattened(copy_task.model, 0.25)
+    path = ctranslate2_converter.convert(model, copy_task.tokenizer, copy_task.tokenizer,
+                                         tmp_path / "ct2")
+    translator = ctranslate2.Translator(str(path), device="cpu", inter_threads=1,
+                                        intra_threads=1)
+    sentences = copy_task.held_out[:16]
+    pieces = _pieces(copy_task.tokenizer, sentences)
+    differ = 0
+    for alpha in (0.0, 1.0, 3.0):
+        # min_decoding_length=0: END may come first, as in ours (CTranslate2's Python
+        # default, 1, forbids an empty translation).
+        results = translator.translate_batch(pieces, beam_size=4, length_penalty=alpha,
+                                             max_decoding_length=MAX_DECODING_LENGTH,
+                                             min_decoding_length=0)
+        theirs = [[int(i) for i in copy_task.tokenizer.piece_to_id(r.hypotheses[0]).numpy()]
+                  for r in results]
+        assert theirs == _our_beam(model, copy_task.tokenizer, sentences, alpha, "power"), alpha
+        gnmt = _our_beam(model, copy_task.tokenizer, sentences, alpha, "gnmt")
+        differ += sum(a != b for a, b in zip(theirs, gnmt))
+    assert differ > 0  # GNMT's penalty is another objective: this model tells them apart
 
 
 def _log_probs(model, source_ids, target_ids):
