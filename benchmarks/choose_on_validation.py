@@ -39,6 +39,9 @@ def _parse_args(argv):
                         help="comma-separated beam stopping rules: exact (stop when no alive "
                         "hypothesis can win) and/or early (stop once beam-size hypotheses "
                         "have finished): export --beam-stopping RULE")
+    parser.add_argument("--length-penalty-forms", default="gnmt",
+                        help="comma-separated length penalty forms: gnmt (the default) and/or "
+                        "power (CTranslate2's): export --length-penalty-form FORM")
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--limit", type=int, help="only the first N validation sentences")
     return parser.parse_args(argv)
@@ -60,37 +63,44 @@ def main(argv=None):
     import sacrebleu
 
     from keras_transformer.export import DecodingConfig, Translator, translate_by_length
+    from keras_transformer.decoding import LENGTH_PENALTY_FORMS
     from keras_transformer.export.translator import BEAM_STOPPING
 
     rules = args.beam_stopping.split(",")
     unknown = sorted(set(rules) - set(BEAM_STOPPING))
     if unknown:
         raise SystemExit(f"--beam-stopping takes exact and/or early, got {unknown}.")
+    forms = args.length_penalty_forms.split(",")
+    unknown = sorted(set(forms) - set(LENGTH_PENALTY_FORMS))
+    if unknown:
+        raise SystemExit(f"--length-penalty-forms takes gnmt and/or power, got {unknown}.")
     rows = []
     sources = references = None
     for checkpoint in args.checkpoints.split(","):
         model, source_tokenizer, target_tokenizer, config = _load(args.run_dir, checkpoint)
         if sources is None:
             sources, references = _validation_pairs(config, args.limit)
-        for alpha, rule in itertools.product(
-                (float(a) for a in args.alphas.split(",")), rules):
+        for form, alpha, rule in itertools.product(
+                forms, (float(a) for a in args.alphas.split(",")), rules):
             translator = Translator(model, source_tokenizer, target_tokenizer, DecodingConfig(
                 search="beam" if args.beam_size > 1 else "greedy", beam_size=args.beam_size,
-                alpha=alpha, early_stopping=rule == "early"))
+                alpha=alpha, early_stopping=rule == "early", length_penalty_form=form))
             started = time.time()
             hypotheses = translate_by_length(sources, args.batch_size, translator)
             bleu = sacrebleu.corpus_bleu(hypotheses, [references]).score
-            rows.append((checkpoint, alpha, rule, bleu, time.time() - started))
-            print(f"{checkpoint} alpha {alpha} {rule} stopping: validation BLEU {bleu:.2f} "
-                  f"({len(sources)} sentences, {rows[-1][4]:.0f}s)", flush=True)
-    print(f"\n| checkpoint | beam | alpha | stopping | validation BLEU ({len(sources)} "
-          f"sentences) | seconds |")
-    print("|---|---|---|---|---|---|")
-    for checkpoint, alpha, rule, bleu, seconds in rows:
-        print(f"| {checkpoint} | {args.beam_size} | {alpha} | {rule} | {bleu:.2f} | "
+            rows.append((checkpoint, form, alpha, rule, bleu, time.time() - started))
+            print(f"{checkpoint} {form} alpha {alpha} {rule} stopping: validation BLEU "
+                  f"{bleu:.2f} ({len(sources)} sentences, {rows[-1][5]:.0f}s)", flush=True)
+    print(f"\n| checkpoint | beam | penalty | alpha | stopping | validation BLEU "
+          f"({len(sources)} sentences) | seconds |")
+    print("|---|---|---|---|---|---|---|")
+    for checkpoint, form, alpha, rule, bleu, seconds in rows:
+        print(f"| {checkpoint} | {args.beam_size} | {form} | {alpha} | {rule} | {bleu:.2f} | "
               f"{seconds:.0f} |")
-    checkpoint, alpha, rule, bleu, _ = max(rows, key=lambda row: row[3])
+    checkpoint, form, alpha, rule, bleu, _ = max(rows, key=lambda row: row[4])
     flags = f"--alpha {alpha} --beam-stopping {rule}"
+    if form != "gnmt":
+        flags += f" --length-penalty-form {form}"
     name, _, last = checkpoint.partition("-")
     if last:
         print(f"\nchosen on validation: --checkpoint {name} {flags} ({bleu:.2f}), "

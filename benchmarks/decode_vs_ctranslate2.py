@@ -19,10 +19,12 @@
    CTranslate2. Exports that only change how the search runs (dropping finished sentences,
    the cache's layout, XLA) must give every translation of the one they are compared with.
    CTranslate2's greedy translations must be ours too (it is given `min_decoding_length=0`,
-   as our searches may end a translation at once). Its beam search divides a score by
-   `length ** alpha` where our default export divides by GNMT's `((5 + length) / 6) **
-   alpha`, so beam translations differ unless `--length-penalty power` exports ours with
-   CTranslate2's penalty.
+   as our searches may end a translation at once, and `disable_unk=True`, as our export).
+   Its beam search divides a score by `length ** alpha` where our default export divides by
+   GNMT's `((5 + length) / 6) ** alpha`, so beam translations differ unless
+   `--length-penalty-form power` exports ours with CTranslate2's penalty. (Our export also
+   bounds a translation at its source's length plus `extra_length`, 50: Multi30K's
+   sentences do not reach it.)
 
 `--threads 1 --inter-threads 2 --callers 2` times a server's setting on a 2-core machine: two
 batches at once (TF Serving's `num_batch_threads: 2`), one thread each. Both engines get it:
@@ -76,10 +78,10 @@ def _parse_args(argv):
     parser.add_argument("--latency-sentences", type=int, default=100)
     parser.add_argument("--beam-size", type=int, default=4)
     parser.add_argument("--alpha", type=float, default=0.6, help="length penalty strength")
-    parser.add_argument("--length-penalty", default="gnmt", choices=("gnmt", "power"),
-                        help="our export's length penalty (`export --length-penalty`): gnmt, "
-                        "the default, or power, CTranslate2's: then both engines run the same "
-                        "beam search")
+    parser.add_argument("--length-penalty-form", default="gnmt", choices=("gnmt", "power"),
+                        help="our export's length penalty (`export --length-penalty-form`): "
+                        "gnmt, the default, or power, CTranslate2's: then both engines run the "
+                        "same beam search (for alpha != 0)")
     parser.add_argument("--max-output-length", type=int, default=128)
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1,
                         help="intra-op threads of both engines (default: all cores)")
@@ -157,9 +159,9 @@ class CTranslate2Engine:
             "greedy": dict(beam_size=1),
         }
         # min_decoding_length=0: END may come first, as in our searches (CTranslate2's Python
-        # default, 1, forbids an empty translation).
+        # default, 1, forbids an empty translation); UNK never produced, as by our export.
         self._common = dict(max_decoding_length=max_length, max_input_length=max_input_length,
-                            min_decoding_length=0)
+                            min_decoding_length=0, disable_unk=True)
 
     def pieces(self, sentences):
         return self._sentencepiece.encode(list(sentences), out_type=str)
@@ -289,7 +291,7 @@ def main(argv=None):
     sources, references = _test_set(args.data_dir, args.limit)
     config = DecodingConfig.for_export(
         search="beam", beam_size=args.beam_size, alpha=args.alpha,
-        length_penalty=args.length_penalty,
+        length_penalty_form=args.length_penalty_form,
         max_output_length=args.max_output_length,
         in_place_cache="all" if args.in_place_greedy else "beam")
     with tempfile.TemporaryDirectory() as tmp:
@@ -337,7 +339,7 @@ def main(argv=None):
         print(f"{len(sources)} test_2016 sentences, {args.threads} intra-op thread(s), "
               f"{args.inter_threads} inter-op, {args.callers} caller(s), batch "
               f"{args.batch_size}, CTranslate2 {args.quantization or 'float32'}, TensorFlow "
-              f"CPU allocator: {_cpu_allocator()}, our length penalty: {args.length_penalty}, "
+              f"CPU allocator: {_cpu_allocator()}, our length penalty: {args.length_penalty_form}, "
               f"alpha {args.alpha}", flush=True)
 
         # Conversion check on greedy output, the search both engines define identically.

@@ -247,7 +247,7 @@ def cmd_export(args):
             beam_size=args.beam_size,
             alpha=args.alpha,
             early_stopping=args.beam_stopping == "early",
-            length_penalty=args.length_penalty,
+            length_penalty_form=args.length_penalty_form,
             max_input_length=args.max_input_length,
             extra_length=args.extra_length,
             max_output_length=args.max_output_length,
@@ -438,7 +438,8 @@ def _translate_and_report(args, sources, references):
 
 
 def build_parser():
-    from keras_transformer.export.translator import BEAM_STOPPING, LENGTH_PENALTIES, SEARCHES
+    from keras_transformer.decoding import LENGTH_PENALTY_FORMS
+    from keras_transformer.export.translator import BEAM_STOPPING, SEARCHES
 
     parser = argparse.ArgumentParser(prog="keras-transformer", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -524,7 +525,7 @@ def build_parser():
                         "have finished (early, as fairseq and CTranslate2; default) or once no "
                         "alive hypothesis can beat them (exact: about 2x slower with a length "
                         "penalty of 1.4, occasionally better)")
-    export.add_argument("--length-penalty", default="gnmt", choices=LENGTH_PENALTIES,
+    export.add_argument("--length-penalty-form", default="gnmt", choices=LENGTH_PENALTY_FORMS,
                         help="beam search ranks by log_prob / ((5 + length) / 6) ** alpha "
                         "(gnmt, the default) or by log_prob / length ** alpha (power: "
                         "CTranslate2's length_penalty); END counts in the length")

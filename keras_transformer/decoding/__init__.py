@@ -13,6 +13,7 @@ from keras_transformer.decoding.in_place_cache import InPlaceCache
 from keras_transformer.decoding.sampling import sample
 from keras_transformer.decoding.sampling import top_k_filter
 from keras_transformer.decoding.sampling import top_p_filter
+from keras_transformer.decoding.utils import LENGTH_PENALTY_FORMS
 from keras_transformer.decoding.utils import NEG_INF
 from keras_transformer.decoding.utils import SearchResult
 from keras_transformer.decoding.utils import forbidden_ids
@@ -23,6 +24,7 @@ from keras_transformer.decoding.utils import tile_beams
 
 __all__ = [
     "InPlaceCache",
+    "LENGTH_PENALTY_FORMS",
     "NEG_INF",
     "SearchResult",
     "beam_search",

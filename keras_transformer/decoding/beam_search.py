@@ -1,4 +1,5 @@
-"""Beam search with the GNMT length penalty over a cached `next_logits` step."""
+"""Beam search with a length penalty (GNMT's or CTranslate2's) over a cached `next_logits`
+step."""
 
 import tensorflow as tf
 
@@ -48,7 +49,7 @@ def beam_search(
     early_stopping=False,
     length_penalty_form="gnmt",
 ):
-    """Beam search with the GNMT length penalty, keeping alive and finished hypotheses.
+    """Beam search with a length penalty (GNMT's by default), keeping alive and finished hypotheses.
 
     The first step decodes `B` rows, one hypothesis (START) per example, as CTranslate2
     does; then every tensor of the cache is tiled to `B * beam_size` rows (beams of one
@@ -119,17 +120,19 @@ def beam_search(
             tensor's leading axis, tiled with `tile_beams` and reordered with `tf.gather`.
         early_stopping: bool, the stopping rule above. Defaults to `False` (exact).
         length_penalty_form: str, `"gnmt"` or `"power"` (`utils.length_penalty`): with
-            `"power"` and `early_stopping=True` this is CTranslate2's beam search, whose
-            `length_penalty` is `alpha`. Defaults to `"gnmt"`.
+            `"power"`, `early_stopping=True` and `alpha != 0` this is CTranslate2's beam
+            search, whose `length_penalty` is `alpha` (at `length_penalty=0` CTranslate2
+            stops as soon as its best candidate ends, another rule). Defaults to `"gnmt"`.
 
     Returns:
         A `SearchResult` for the best finished hypothesis of every example: `tokens` int32
         `(B, max_length)`, `scores` float32 `(B,)` (sum of log-probabilities, END
         included, not normalized), `lengths` int32 `(B,)` (END included),
-        `normalized_scores` float32 `(B,)` (`scores / length_penalty(lengths, alpha)`,
-        the ranking score). With `return_all_beams=True` every field gains a beam axis
-        after the batch axis, sorted best first; slots that no hypothesis filled have
-        `normalized_scores` and `scores` near `NEG_INF` and `lengths` 0.
+        `normalized_scores` float32 `(B,)` (`scores / length_penalty(lengths, alpha,
+        length_penalty_form)`, the ranking score). With `return_all_beams=True` every
+        field gains a beam axis after the batch axis, sorted best first; slots that no
+        hypothesis filled have `normalized_scores` and `scores` near `NEG_INF` and
+        `lengths` 0.
 
     Example:
 

@@ -35,7 +35,7 @@ class SearchResult(
         lengths: int32 `(B,)`, the number of generated tokens, END included; an example
             stopped by its length bound counts the tokens it generated.
         normalized_scores: float32 `(B,)`, the score the search ranked by:
-            `scores / length_penalty(lengths, alpha)` for beam search, equal to `scores`
+            `scores / length_penalty(lengths, alpha, form)` for beam search, equal to `scores`
             for greedy search and sampling (which apply no length penalty).
     """
 
@@ -229,8 +229,8 @@ def length_penalty(length, alpha, form="gnmt"):
     log-probability terms; `alpha = 0` gives 1 (no normalization).
 
     Args:
-        length: int or float tensor of any shape, the number of generated tokens (beam
-            search counts END, as CTranslate2 does).
+        length: int or float tensor of any shape, the number of generated tokens, at least
+            1 (beam search counts END, as CTranslate2 does).
         alpha: float or float32 scalar tensor, the strength of the penalty.
         form: str, `"gnmt"` or `"power"`. Defaults to `"gnmt"`.
 

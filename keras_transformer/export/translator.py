@@ -9,7 +9,6 @@ from keras_transformer.model import TransformerParts
 from keras_transformer.text import END_ID, PAD_ID, START_ID, UNK_ID
 
 SEARCHES = ("beam", "greedy", "greedy_uncached", "sample")
-LENGTH_PENALTIES = decoding.utils.LENGTH_PENALTY_FORMS
 IN_PLACE_CACHE = ("beam", "all", "none")
 # `export --beam-stopping` and `choose_on_validation.py --beam-stopping`: "early" is
 # `DecodingConfig(early_stopping=True)`, "exact" is False.
@@ -36,12 +35,12 @@ class DecodingConfig:
     search: str = "beam"
     # Hypotheses kept per sentence by beam search.
     beam_size: int = 4
-    # Length-penalty strength: hypotheses are ranked by log_prob / ((5 + len) / 6)^alpha
-    # (GNMT's, END counted) ...
+    # Length-penalty strength: beam search ranks hypotheses by log_prob / ((5 + len) /
+    # 6)^alpha (GNMT's, END counted) ...
     alpha: float = 0.6
     # ... or, with "power", by log_prob / len^alpha (END counted too): CTranslate2's
-    # `length_penalty` (with `early_stopping`, its beam search).
-    length_penalty: str = "gnmt"
+    # `length_penalty`; with `early_stopping` and alpha != 0, its beam search.
+    length_penalty_form: str = "gnmt"
     # Beam search: a sentence is done once `beam_size` hypotheses have finished (END ranked
     # among the beam_size best candidates), as in fairseq and CTranslate2. False: once no
     # alive hypothesis can beat the finished ones (`decoding.beam_search`), which with a
@@ -134,9 +133,10 @@ class DecodingConfig:
             raise ValueError(f"`top_k` must be an int >= 0 (0 = off), got top_k={self.top_k}.")
         if not 0 < self.top_p <= 1:
             raise ValueError(f"`top_p` must be in (0, 1] (1 = off), got top_p={self.top_p}.")
-        if self.length_penalty not in LENGTH_PENALTIES:
-            raise ValueError(f"length_penalty must be one of {LENGTH_PENALTIES}, got "
-                             f"length_penalty={self.length_penalty!r}.")
+        if self.length_penalty_form not in decoding.LENGTH_PENALTY_FORMS:
+            raise ValueError(f"length_penalty_form must be one of "
+                             f"{decoding.LENGTH_PENALTY_FORMS}, got "
+                             f"length_penalty_form={self.length_penalty_form!r}.")
         if self.in_place_cache not in IN_PLACE_CACHE:
             raise ValueError(f"in_place_cache must be one of {IN_PLACE_CACHE}, got "
                              f"in_place_cache={self.in_place_cache!r}.")
@@ -427,7 +427,7 @@ class Translator(tf.Module):
             return decoding.beam_search(
                 next_logits, cache, beam_size=config.beam_size, alpha=config.alpha,
                 early_stopping=config.early_stopping,
-                length_penalty_form=config.length_penalty, **common
+                length_penalty_form=config.length_penalty_form, **common
             )
         next_logits, cache = parts.step_function(
             memory, memory_mask, config.max_output_length, fixed_length=config.jit_compile

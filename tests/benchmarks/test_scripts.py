@@ -116,17 +116,23 @@ def tiny_run(tmp_path_factory):
 def test_choose_on_validation_compares_checkpoints_alphas_and_stopping(tiny_run, capsys):
     script = _load("choose_on_validation")
     script.main([str(tiny_run), "--checkpoints", "final,averaged", "--alphas", "0.6,1.0",
-                 "--beam-size", "2", "--batch-size", "4", "--beam-stopping", "exact,early"])
+                 "--beam-size", "2", "--batch-size", "4", "--beam-stopping", "exact,early",
+                 "--length-penalty-forms", "gnmt,power", "--limit", "3"])
     out = capsys.readouterr().out
-    rows = re.findall(r"^\| (final|averaged) \| 2 \| (0\.6|1\.0) \| (exact|early) \| "
-                      r"(\d+\.\d\d) \| \d+ \|$", out, re.M)
-    assert len(rows) == 8, out
-    assert {row[2] for row in rows} == {"exact", "early"}
-    best = max(rows, key=lambda row: float(row[3]))
-    flags = f"--alpha {best[1]} --beam-stopping {best[2]}"
+    rows = re.findall(r"^\| (final|averaged) \| 2 \| (gnmt|power) \| (0\.6|1\.0) \| "
+                      r"(exact|early) \| (\d+\.\d\d) \| \d+ \|$", out, re.M)
+    assert len(rows) == 16, out
+    assert {row[1] for row in rows} == {"gnmt", "power"}
+    assert {row[3] for row in rows} == {"exact", "early"}
+    best = max(rows, key=lambda row: float(row[4]))
+    flags = f"--alpha {best[2]} --beam-stopping {best[3]}"
+    if best[1] == "power":
+        flags += " --length-penalty-form power"
     assert f"chosen on validation: --checkpoint {best[0]} {flags} (" in out
     with pytest.raises(SystemExit, match="exact and/or early"):
         script.main([str(tiny_run), "--checkpoints", "final", "--beam-stopping", "soon"])
+    with pytest.raises(SystemExit, match="gnmt and/or power"):
+        script.main([str(tiny_run), "--checkpoints", "final", "--length-penalty-forms", "wu"])
 
 
 @pytest.mark.slow
@@ -158,7 +164,7 @@ def test_choose_on_validation_averages_the_last_k_epochs_on_the_side(tiny_run, c
     script.main([str(tiny_run), "--checkpoints", "averaged-2", "--alphas", "0.6",
                  "--beam-size", "2", "--batch-size", "4"])
     out = capsys.readouterr().out
-    assert re.search(r"^\| averaged-2 \| 2 \| 0\.6 \| early \| \d+\.\d\d \| \d+ \|$", out,
+    assert re.search(r"^\| averaged-2 \| 2 \| gnmt \| 0\.6 \| early \| \d+\.\d\d \| \d+ \|$", out,
                      re.M), out
     assert re.search(r"chosen on validation: --checkpoint averaged --alpha 0\.6 "
                      r"--beam-stopping early \(\d+\.\d\d\), "
@@ -211,7 +217,7 @@ def test_decode_vs_ctranslate2_side_by_side_with_concurrent_callers(tiny_run):
          "--latency-sentences", "1", "--beam-size", "2", "--threads", "1",
          "--inter-threads", "2", "--callers", "2", "--compare-keep-finished",
          "--compare-jit", "--compare-growing-cache", "--in-place-greedy", "--compare-bf16",
-         "--compare-exact-stopping", "--length-penalty", "power"],
+         "--compare-exact-stopping", "--length-penalty-form", "power"],
         capture_output=True, text=True, timeout=600,
         # Without a choice of allocator (this process's import of keras_transformer set one):
         # the script times TensorFlow's default allocator, the one TF Serving runs.

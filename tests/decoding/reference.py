@@ -9,8 +9,9 @@ import numpy as np
 from tests.decoding.fake_models import END_ID, PAD_ID, START_ID
 
 
-def penalty(length, alpha):
-    return ((5.0 + length) / 6.0) ** alpha
+def penalty(length, alpha, form="gnmt"):
+    """GNMT's length penalty, or CTranslate2's (`form="power"`); END counts in `length`."""
+    return float(length) ** alpha if form == "power" else ((5.0 + length) / 6.0) ** alpha
 
 
 def greedy(model, bound, source=0):
@@ -27,11 +28,11 @@ def greedy(model, bound, source=0):
     return prefix[1:], total
 
 
-def beam(model, bound, beam_size, alpha, source=0, early_stopping=False):
+def beam(model, bound, beam_size, alpha, source=0, early_stopping=False, form="gnmt"):
     """The beam search `beam_search` documents: 2K candidates per step (1 for beam 1), the
     finished ones set aside, the K best others kept alive. With `early_stopping`, an END
     finishes only among the K best candidates (others are dropped) and the search stops
-    once K hypotheses have finished.
+    once K hypotheses have finished. `form`: the length penalty's (`penalty`).
 
     Returns:
         `(finished, steps)`: `finished` a list of `(score, log_prob, tokens)` best first,
@@ -57,14 +58,14 @@ def beam(model, bound, beam_size, alpha, source=0, early_stopping=False):
         for rank, (log_prob, prefix) in enumerate(candidates[:num_candidates]):
             if length >= bound or (prefix[-1] == END_ID
                                    and (rank < beam_size or not early_stopping)):
-                new.append((log_prob / penalty(length, alpha), log_prob, prefix[1:]))
+                new.append((log_prob / penalty(length, alpha, form), log_prob, prefix[1:]))
             elif prefix[-1] != END_ID and len(alive) < beam_size:
                 alive.append((prefix, log_prob))
         finished = sorted(finished + new, key=lambda f: -f[0])[:beam_size]
         if not alive or (early_stopping and len(finished) == beam_size):
             break
         best_alive = max(log_prob for _, log_prob in alive)
-        largest = max(penalty(min(step + 2, bound), alpha), penalty(bound, alpha))
+        largest = max(penalty(min(step + 2, bound), alpha, form), penalty(bound, alpha, form))
         if len(finished) == beam_size and finished[-1][0] >= best_alive / largest:
             break
     return finished, steps

@@ -137,6 +137,27 @@ def test_beam_matches_reference_with_history_cache(beam_size, alpha):
             )
 
 
+@pytest.mark.parametrize("early_stopping", [False, True], ids=["exact", "early"])
+@pytest.mark.parametrize("alpha", [-0.5, 0.6, 2.0])
+def test_beam_with_the_power_penalty_matches_reference(alpha, early_stopping):
+    # CTranslate2's penalty, length ** alpha: the same search with another ranking, and
+    # with the exact rule another bound on what an alive hypothesis can still reach
+    # (a negative alpha favours short hypotheses: the bound comes from the next length).
+    model = HistoryModel(vocab_size=7, max_length=8, seed=3, end_bias=0.5)
+    sources, bounds = [0, 3, 7], [8, 4, 6]
+    result = beam_search(model.next_logits, model.initial_cache(sources), 3, 8, beam_size=3,
+                         alpha=alpha, max_lengths=bounds, return_all_beams=True,
+                         early_stopping=early_stopping, length_penalty_form="power")
+    for b in range(3):
+        finished, _ = reference.beam(model, bounds[b], 3, alpha, sources[b],
+                                     early_stopping=early_stopping, form="power")
+        for k, (score, log_prob, tokens) in enumerate(finished):
+            n = len(tokens)
+            np.testing.assert_array_equal(result.tokens[b, k, :n], tokens)
+            np.testing.assert_allclose(result.scores[b, k], log_prob, rtol=1e-5)
+            np.testing.assert_allclose(result.normalized_scores[b, k], score, rtol=1e-5)
+
+
 @pytest.mark.parametrize("alpha", [0.0, 0.6, 2.0])
 @pytest.mark.parametrize("seed", [0, 1, 2, 3])
 def test_beam_size_one_equals_greedy(alpha, seed):

@@ -406,8 +406,8 @@ def test_unknown_length_penalty_is_refused():
     from keras_transformer import decoding
     from keras_transformer.export import DecodingConfig
 
-    with pytest.raises(ValueError, match="length_penalty must be one of .*'wu'"):
-        DecodingConfig(length_penalty="wu")
+    with pytest.raises(ValueError, match="length_penalty_form must be one of .*'wu'"):
+        DecodingConfig(length_penalty_form="wu")
     with pytest.raises(ValueError, match="length_penalty_form"):
         decoding.beam_search(lambda t, c, i: (None, c), {}, 1, 4, length_penalty_form="wu")
 
@@ -502,11 +502,11 @@ def test_export_cli_sampling_flags_reach_the_translator(small_tokenizer, monkeyp
     assert not written["t"].config.stored_projection
     cli.main(base + ["--beam-stopping", "exact"])
     assert not written["t"].config.early_stopping
-    assert written["t"].config.length_penalty == "gnmt"
-    cli.main(base + ["--length-penalty", "power"])
-    assert written["t"].config.length_penalty == "power"
+    assert written["t"].config.length_penalty_form == "gnmt"
+    cli.main(base + ["--length-penalty-form", "power"])
+    assert written["t"].config.length_penalty_form == "power"
     with pytest.raises(SystemExit):
-        cli.main(base + ["--length-penalty", "wu"])
+        cli.main(base + ["--length-penalty-form", "wu"])
     with pytest.raises(SystemExit):
         cli.main(base + ["--beam-stopping", "never"])
     with pytest.raises(SystemExit, match="temperature"):
