@@ -148,9 +148,7 @@ def beam_search(
         Vaswani et al., 2017, "Attention Is All You Need" (beam 4, alpha 0.6).
     """
     max_length = utils.check_max_length(max_length)
-    if length_penalty_form not in utils.LENGTH_PENALTY_FORMS:
-        raise ValueError(f"length_penalty_form must be one of {utils.LENGTH_PENALTY_FORMS}, "
-                         f"got length_penalty_form={length_penalty_form!r}.")
+    utils.check_length_penalty_form(length_penalty_form)
     beam_size = int(beam_size)
     if beam_size < 1:
         raise ValueError(f"`beam_size` must be at least 1, received {beam_size}.")

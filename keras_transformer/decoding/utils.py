@@ -220,6 +220,13 @@ def _full_top_candidates(logits, alive_log_probs, num_candidates, forbidden):
 LENGTH_PENALTY_FORMS = ("gnmt", "power")
 
 
+def check_length_penalty_form(form):
+    """Raises `ValueError` unless `form` is one of `LENGTH_PENALTY_FORMS`."""
+    if form not in LENGTH_PENALTY_FORMS:
+        raise ValueError(f"length_penalty_form must be one of {LENGTH_PENALTY_FORMS}, got "
+                         f"length_penalty_form={form!r}.")
+
+
 def length_penalty(length, alpha, form="gnmt"):
     """The length penalty beam search divides a hypothesis' log-probability by.
 
@@ -247,12 +254,11 @@ def length_penalty(length, alpha, form="gnmt"):
     References:
         Wu et al., 2016, "Google's Neural Machine Translation System", eq. 14.
     """
+    check_length_penalty_form(form)
     length = tf.cast(length, tf.float32)
     alpha = tf.cast(alpha, tf.float32)
     if form == "power":
         return tf.pow(length, alpha)
-    if form != "gnmt":
-        raise ValueError(f"form must be one of {LENGTH_PENALTY_FORMS}, got form={form!r}.")
     return tf.pow((5.0 + length) / 6.0, alpha)
 
 

@@ -5,6 +5,7 @@ import dataclasses
 import tensorflow as tf
 
 from keras_transformer import decoding
+from keras_transformer.decoding.utils import check_length_penalty_form
 from keras_transformer.model import TransformerParts
 from keras_transformer.text import END_ID, PAD_ID, START_ID, UNK_ID
 
@@ -133,10 +134,7 @@ class DecodingConfig:
             raise ValueError(f"`top_k` must be an int >= 0 (0 = off), got top_k={self.top_k}.")
         if not 0 < self.top_p <= 1:
             raise ValueError(f"`top_p` must be in (0, 1] (1 = off), got top_p={self.top_p}.")
-        if self.length_penalty_form not in decoding.LENGTH_PENALTY_FORMS:
-            raise ValueError(f"length_penalty_form must be one of "
-                             f"{decoding.LENGTH_PENALTY_FORMS}, got "
-                             f"length_penalty_form={self.length_penalty_form!r}.")
+        check_length_penalty_form(self.length_penalty_form)
         if self.in_place_cache not in IN_PLACE_CACHE:
             raise ValueError(f"in_place_cache must be one of {IN_PLACE_CACHE}, got "
                              f"in_place_cache={self.in_place_cache!r}.")

@@ -54,18 +54,14 @@ def _short_or_long_table():
     return probs
 
 
-_PENALTIES = {"gnmt": lambda length, alpha: ((5 + length) / 6) ** alpha,
-              "power": lambda length, alpha: length ** alpha}  # END counted in both
-
-
 @pytest.mark.parametrize("form", ["gnmt", "power"])
 @pytest.mark.parametrize("alpha", [0.0, 1.0])
 def test_length_penalty_changes_the_ranking_as_the_formula_says(alpha, form):
     probs = _short_or_long_table()
     short_log_prob = np.log(probs[0, 1, END_ID])
     long_log_prob = np.log(probs[0, 1, A] * probs[1, A, A] * probs[2, A, END_ID])
-    short_score = short_log_prob / _PENALTIES[form](1, alpha)
-    long_score = long_log_prob / _PENALTIES[form](3, alpha)
+    short_score = short_log_prob / reference.penalty(1, alpha, form)  # END counted
+    long_score = long_log_prob / reference.penalty(3, alpha, form)
     # The formula makes the short one win without penalty and the long one with alpha 1.
     assert (short_score > long_score) == (alpha == 0.0)
     result = beam_search(
