@@ -28,7 +28,9 @@ setup(
         # keras-hub is the tests' numerical oracle and the training benchmark's peer; the
         # package itself never imports it.
         "test": ["keras-hub>=0.32,<1"],
-        "bench": ["keras-hub>=0.32,<1"],
+        # The benchmarks' peers: keras-hub (train_vs_keras_hub.py) and CTranslate2, the
+        # speed peer and correctness oracle of decode_vs_ctranslate2.py.
+        "bench": ["keras-hub>=0.32,<1", "ctranslate2>=4.5,<5"],
         "dev": [
             "keras-hub>=0.32,<1",
             "pytest>=8",
@@ -43,8 +45,6 @@ setup(
             "ctranslate2>=4.5,<5",
         ],
         "serving": ["requests>=2.31"],
-        # The CTranslate2 speed peer and correctness oracle (benchmarks/decode_vs_ctranslate2.py).
-        "bench": ["ctranslate2>=4.5,<5"],
     },
     entry_points={
         "console_scripts": ["keras-transformer=keras_transformer.cli:main"],

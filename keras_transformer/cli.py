@@ -178,9 +178,28 @@ def _overwrite(output, worker_index):
             entry.unlink()
 
 
+def _check_budget_and_workers(config):
+    """Several workers cannot share a time budget (the trainer refuses it): say so, with
+    the way out, before TensorFlow starts a strategy or anything is read."""
+    from keras_transformer.training.strategy import num_workers_from_tf_config
+
+    try:
+        workers = num_workers_from_tf_config()
+    except ValueError as error:
+        raise SystemExit(str(error))
+    if workers > 1 and config.time_budget_minutes is not None:
+        raise SystemExit(
+            f"This configuration trains for a time budget (time_budget_minutes="
+            f"{config.time_budget_minutes:g}), which {workers} workers cannot share: each "
+            "would time its own epochs and they could disagree on the last one. Train a "
+            "fixed number of epochs instead: --set time_budget_minutes=null epochs=N."
+        )
+
+
 def cmd_train(args):
     worker_index = _set_worker_tf_config(args)
     config = _load_config(args)
+    _check_budget_and_workers(config)
     output = pathlib.Path(args.output)
     if args.overwrite:
         _overwrite(output, worker_index)

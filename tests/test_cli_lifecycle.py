@@ -93,6 +93,56 @@ def test_worker_flags_set_tf_config(monkeypatch, tmp_path):
         _set_worker_tf_config(build_parser().parse_args(_train_args(tmp_path, "--workers", "a:1")))
 
 
+@pytest.mark.parametrize("cluster", ["flags", "tf_config"])
+def test_several_workers_with_a_time_budget_stop_before_training(cluster, monkeypatch,
+                                                                   tmp_path):
+    # The `multi30k` preset trains for a time budget, which several workers cannot share:
+    # the command says how to train it there, before it starts a strategy or reads data.
+    import keras_transformer.training.trainer as trainer
+
+    def reached(*args, **kwargs):
+        raise AssertionError("train() was called")
+
+    monkeypatch.setattr(trainer, "train", reached)
+    monkeypatch.setenv("TF_CONFIG", "")
+    args = ["train", "--preset", "multi30k", "--output", str(tmp_path / "run")]
+    if cluster == "flags":
+        args += ["--worker-index", "0", "--workers", "a:1,b:2"]
+    else:
+        monkeypatch.setenv("TF_CONFIG", '{"cluster": {"worker": ["a:1", "b:2"]}, '
+                                        '"task": {"type": "worker", "index": 1}}')
+    with pytest.raises(SystemExit, match="time_budget_minutes=null epochs=N"):
+        main(args)
+    assert not (tmp_path / "run").exists()
+    # With the budget off, the same command reaches the trainer.
+    with pytest.raises(AssertionError, match="train\\(\\) was called"):
+        main(args + ["--set", "time_budget_minutes=null", "epochs=3"])
+
+
+def test_the_tfjob_example_passes_the_workers_checks(monkeypatch):
+    # docs/tfjob.yaml's command, run by each of its workers, reaches the trainer.
+    import json
+
+    import yaml
+
+    import keras_transformer.training.trainer as trainer
+
+    job = yaml.safe_load((_ROOT / "docs" / "tfjob.yaml").read_text())
+    workers = job["spec"]["tfReplicaSpecs"]["Worker"]
+    command = workers["template"]["spec"]["containers"][0]["command"]
+    assert command[0] == "keras-transformer" and workers["replicas"] > 1
+
+    def reached(*args, **kwargs):
+        raise AssertionError("train() was called")
+
+    monkeypatch.setattr(trainer, "train", reached)
+    hosts = [f"worker-{i}:2222" for i in range(workers["replicas"])]
+    monkeypatch.setenv("TF_CONFIG", json.dumps(
+        {"cluster": {"worker": hosts}, "task": {"type": "worker", "index": 1}}))
+    with pytest.raises(AssertionError, match="train\\(\\) was called"):
+        main(command[1:])
+
+
 def test_launch_and_average_parse():
     args = build_parser().parse_args(
         ["launch", "--local-workers", "2", "--", "train", "--preset", "tiny", "--output", "r"])

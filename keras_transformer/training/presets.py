@@ -228,7 +228,7 @@ class TrainingConfig:
     )
 
     keep_checkpoints: int = _field(
-        0, "Keep the weights of the last N epochs in checkpoints/epoch-NNN.weights.h5 "
+        0, "Keep the weights of the last N epochs in checkpoints/epoch-NNN.weights.npz "
         "for `keras-transformer average` (the paper averages the last 5); 0 = none."
     )
 

@@ -1,0 +1,27 @@
+"""`setup.py`'s declarations, read without running it."""
+
+import ast
+import pathlib
+
+_SETUP = pathlib.Path(__file__).resolve().parent.parent / "setup.py"
+
+
+def _extras_require():
+    """The `extras_require` dict literal of `setup(...)`, as (key, value node) pairs."""
+    for node in ast.walk(ast.parse(_SETUP.read_text())):
+        if isinstance(node, ast.keyword) and node.arg == "extras_require":
+            return [(ast.literal_eval(k), v) for k, v in zip(node.value.keys, node.value.values)]
+    raise AssertionError("setup.py has no extras_require")
+
+
+def test_every_extra_is_declared_once():
+    # A dict literal keeps the last of two equal keys: the first one's packages are lost.
+    names = [name for name, _ in _extras_require()]
+    assert sorted(names) == sorted(set(names)), names
+
+
+def test_the_bench_extra_installs_both_peers():
+    extras = {name: ast.literal_eval(value) for name, value in _extras_require()}
+    bench = " ".join(extras["bench"])
+    # benchmarks/train_vs_keras_hub.py and benchmarks/decode_vs_ctranslate2.py
+    assert "keras-hub" in bench and "ctranslate2" in bench, extras["bench"]
