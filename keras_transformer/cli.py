@@ -20,6 +20,17 @@ PRECISIONS = {"none": None, "float32": None, "bf16": "mixed_bfloat16",
               "mixed_float16": "mixed_float16", "auto": "auto"}
 
 
+def _count(text):
+    """argparse type: an integer >= 1 (a batch size, a number of sentences or workers)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
 def _parse_overrides(pairs):
     """`["epochs=2", "d_model=64"]` -> `{"epochs": 2, "d_model": 64}` (values read as JSON)."""
     from keras_transformer.training.presets import parse_overrides
@@ -258,6 +269,12 @@ def cmd_launch(args):
 
 def cmd_export(args):
     from keras_transformer.export import DecodingConfig, Translator, export_translator, load_run
+    from keras_transformer.export.saved_model import check_base_dir
+
+    try:
+        check_base_dir(args.out)  # before the model loads
+    except ValueError as error:
+        raise SystemExit(f"keras-transformer export: {error}") from None
 
     # The settings are checked before the model is loaded, so a bad flag fails at once.
     try:
@@ -342,6 +359,10 @@ def _progress_bar(args, total, streams_output=True):
 def cmd_translate(args):
     from keras_transformer.export.inference import ExportedTranslator, count_lines, iter_lines
 
+    if args.output and args.input != "-" and os.path.exists(args.output) and (
+            os.path.samefile(args.input, args.output)):
+        raise SystemExit(f"--output {args.output} is the --input file: translating it would "
+                         "empty it before it is read. Write to another file.")
     total = count_lines(args.input) if args.input != "-" else None  # a missing file fails now
     translator = ExportedTranslator(args.export, signature=args.signature)
     progress = _progress_bar(args, total)
@@ -521,7 +542,7 @@ def build_parser():
     launch = sub.add_parser(
         "launch", help="try multi-worker training on this machine: start N `train` workers "
         "on loopback (usage: launch --local-workers 2 -- train --preset tiny --output DIR)")
-    launch.add_argument("--local-workers", type=int, required=True, metavar="N")
+    launch.add_argument("--local-workers", type=_count, required=True, metavar="N")
     launch.add_argument("--threads-per-worker", type=int, metavar="T",
                         help="TensorFlow threads of each worker (e.g. 1: one core each)")
     launch.add_argument("--log-dir", help="where workers 1.. log (default: a temp dir)")
@@ -594,7 +615,7 @@ def build_parser():
     translate.add_argument("--input", default="-", help="file of sentences (default stdin)")
     translate.add_argument("--output", help="file for translations (default stdout)")
     translate.add_argument("--signature", default="translate")
-    translate.add_argument("--batch-size", type=int, default=64)
+    translate.add_argument("--batch-size", type=_count, default=64)
     translate.add_argument("--progress", action=argparse.BooleanOptionalAction,
                            help="progress bar on stderr (default: when --input is a file, "
                            "stderr a terminal and the output not that terminal)")
@@ -612,8 +633,8 @@ def build_parser():
     evaluate.add_argument("--data-dir", help="directory with the raw Multi30K files")
     evaluate.add_argument("--tfds-dir", help="TFDS data_dir of a tfds:NAME source")
     evaluate.add_argument("--signature", default="translate")
-    evaluate.add_argument("--batch-size", type=int, default=64)
-    evaluate.add_argument("--limit", type=int, help="only the first N sentences")
+    evaluate.add_argument("--batch-size", type=_count, default=64)
+    evaluate.add_argument("--limit", type=_count, help="only the first N sentences")
     evaluate.add_argument("--show", type=int, default=0, help="print N examples")
     evaluate.add_argument("--json", help="write the scores to this file")
     evaluate.add_argument("--progress", action=argparse.BooleanOptionalAction,
@@ -633,9 +654,21 @@ def _add_verbose_flag(parser, subparsers):
                              help=help_text)
 
 
+# Set to show the traceback of an error the command reports in one line.
+TRACEBACK_ENV = "KERAS_TRANSFORMER_TRACEBACK"
+
+
 def main(argv=None):
     args = build_parser().parse_args(argv)
-    args.func(args)
+    try:
+        args.func(args)
+    except (ValueError, OSError) as error:
+        # A user's mistake (a missing file, a bad setting, data that does not pair up)
+        # says what is wrong in one line; the traceback only on request.
+        if os.environ.get(TRACEBACK_ENV):
+            raise
+        raise SystemExit(f"keras-transformer {args.command}: {error}\n(set {TRACEBACK_ENV}=1 "
+                         "to see where)") from None
     return 0
 
 

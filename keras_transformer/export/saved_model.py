@@ -17,6 +17,22 @@ def next_version(base_dir):
     return max(versions, default=0) + 1
 
 
+def check_base_dir(base_dir):
+    """Refuses a `base_dir` that is itself a SavedModel (a version directory): a new
+    version would go to `base_dir/<n>/`, which nothing reading `base_dir` would find,
+    since a reader takes `base_dir` itself for the model (`latest_version_dir`).
+
+    Raises:
+        ValueError: when `base_dir/saved_model.pb` exists.
+    """
+    base_dir = pathlib.Path(base_dir)
+    if (base_dir / "saved_model.pb").is_file():
+        raise ValueError(
+            f"{base_dir} is an exported version, not a model's base directory: export to "
+            f"its parent ({base_dir.parent}), which gets the next version (--out)."
+        )
+
+
 def export_translator(translator, base_dir, version=None, metadata=None):
     """Saves `translator` to `base_dir/<version>/` for TF Serving's `--model_base_path`.
 
@@ -38,8 +54,10 @@ def export_translator(translator, base_dir, version=None, metadata=None):
 
     Raises:
         FileExistsError: when `base_dir/<version>` exists already.
+        ValueError: when `base_dir` is itself an exported version (`check_base_dir`).
     """
     base_dir = pathlib.Path(base_dir)
+    check_base_dir(base_dir)
     base_dir.mkdir(parents=True, exist_ok=True)
     version = next_version(base_dir) if version is None else int(version)
     if version < 1:

@@ -2,7 +2,10 @@
 
 import dataclasses
 import json
+import numbers
 import os
+import types
+import typing
 
 PRECISIONS = (None, "mixed_bfloat16", "mixed_float16", "auto")
 # CPU feature flags (Linux /proc/cpuinfo) of instructions that compute bfloat16 dot products
@@ -253,6 +256,7 @@ class TrainingConfig:
     seed: int = _field(1234, "Seed of Python, NumPy, TF and Keras initializers and dropout.")
 
     def __post_init__(self):
+        _check_types(self)
         if self.bucket_boundaries is not None:
             object.__setattr__(self, "bucket_boundaries", tuple(self.bucket_boundaries))
         if self.d_model % self.num_heads:
@@ -361,12 +365,61 @@ class TrainingConfig:
             if str(path).endswith((".yaml", ".yml")):
                 import yaml
 
-                values = yaml.safe_load(f) or {}
+                try:
+                    values = yaml.safe_load(f) or {}
+                except yaml.YAMLError as error:
+                    raise ValueError(f"{os.fspath(path)!r} is not valid YAML: {error}") from None
             else:
-                values = json.load(f)
+                try:
+                    values = json.load(f)
+                except json.JSONDecodeError as error:
+                    raise ValueError(f"{os.fspath(path)!r} is not valid JSON: {error}") from None
         if not isinstance(values, dict):
             raise ValueError(f"{os.fspath(path)!r} must hold a mapping of field names.")
         return cls.from_dict(values)
+
+
+def _accepts(annotation, value):
+    """Whether `value` is of a field's type (`int | None`, `tuple[int, ...] | None`, ...);
+    an int is a float, a bool is not a number."""
+    if isinstance(annotation, types.UnionType):
+        return any(_accepts(member, value) for member in typing.get_args(annotation))
+    if annotation is type(None):
+        return value is None
+    origin = typing.get_origin(annotation) or annotation
+    if origin is bool:
+        return isinstance(value, bool)
+    if isinstance(value, bool):
+        return False
+    if origin is float:
+        return isinstance(value, numbers.Real)
+    if origin is int:
+        return isinstance(value, numbers.Integral)
+    if origin is tuple:  # tuple[int, ...]: a list from JSON/YAML too
+        return isinstance(value, (tuple, list)) and all(
+            _accepts(typing.get_args(annotation)[0], item) for item in value)
+    return isinstance(value, origin)
+
+
+def _check_types(config):
+    """Raises ValueError naming every field whose value is not of its declared type."""
+    wrong = [f"{field.name}={getattr(config, field.name)!r} (expected {_type_name(field.type)})"
+             for field in dataclasses.fields(config)
+             if not _accepts(field.type, getattr(config, field.name))]
+    if wrong:
+        raise ValueError("TrainingConfig field(s) of the wrong type: " + "; ".join(wrong)
+                         + ". On the command line values are JSON: --set "
+                         "bucket_boundaries=[8,16] data_files='{\"train\": [...]}'.")
+
+
+def _type_name(annotation):
+    """`int | None` -> "int or null" (null: JSON's and YAML's None)."""
+    members = (typing.get_args(annotation) if isinstance(annotation, types.UnionType)
+               else (annotation,))
+    return " or ".join(
+        "null" if member is type(None)
+        else "a list of integers such as [8, 16]" if typing.get_origin(member) is tuple
+        else member.__name__ for member in members)
 
 
 def _check_names(values):

@@ -260,7 +260,11 @@ def test_versions_are_numbered_and_never_overwritten(copy_task, tmp_path, monkey
     assert names == {"translate", "serving_default", "metadata"}
     with pytest.raises(FileExistsError):
         export_translator(translator, base, version=1)
+    # A version directory is not a base directory: `base/2/1` would never be read.
+    with pytest.raises(ValueError, match="not a model's base directory"):
+        export_translator(translator, second)
     assert sorted(p.name for p in base.iterdir()) == ["1", "2"]
+    assert not [p for p in second.iterdir() if p.name.isdigit() or p.name.startswith(".tmp")]
 
     # A save that fails half-way leaves neither a version nor its staging directory.
     def failing_save(obj, export_dir, signatures=None, **kwargs):

@@ -1,0 +1,95 @@
+"""A user's mistakes on the command line end in one clear message, never a traceback, and
+nothing is lost: each case is refused before a model loads or a file is written."""
+
+import pytest
+
+from keras_transformer.cli import main
+
+
+def _refused(argv, *expected):
+    """Runs the command, which must exit with a message (str) containing `expected`."""
+    with pytest.raises(SystemExit) as error:
+        main(argv)
+    message = str(error.value.code)
+    assert not message.isdigit(), f"exit code {message} without a message"
+    for part in expected:
+        assert part in message, message
+    return message
+
+
+def test_an_unknown_preset_or_field_is_one_message(tmp_path):
+    run = str(tmp_path / "run")
+    _refused(["train", "--preset", "Quick", "--output", run], "Unknown preset", "quick")
+    _refused(["train", "--preset", "tiny", "--output", run, "--set", "dmodel=128"],
+             "dmodel", "d_model")
+    _refused(["train", "--preset", "tiny", "--output", run, "--set", "num_heads=3"],
+             "num_heads")
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_missing_or_malformed_config_file_is_one_message(tmp_path):
+    run = str(tmp_path / "run")
+    _refused(["train", "--config", str(tmp_path / "missing.yaml"), "--output", run],
+             "missing.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("d_model: [256\n")
+    _refused(["train", "--config", str(bad), "--output", run], "bad.yaml")
+    bad_json = tmp_path / "bad.json"
+    bad_json.write_text("{\"d_model\": }")
+    _refused(["train", "--config", str(bad_json), "--output", run], "bad.json")
+
+
+def test_set_values_of_the_wrong_type_are_refused(tmp_path):
+    run = str(tmp_path / "run")
+    # Not JSON, so kept as a string: it would have become ('8', ',', '1', '6').
+    _refused(["train", "--preset", "tiny", "--output", run, "--set", "bucket_boundaries=8,16"],
+             "bucket_boundaries", "[8, 16]")
+    _refused(["train", "--preset", "tiny", "--output", run, "--set",
+              "time_budget_minutes=55m"], "time_budget_minutes")
+
+
+def test_files_the_user_names_that_do_not_exist_are_one_message(tmp_path):
+    missing = str(tmp_path / "missing")
+    _refused(["export", "--model", missing, "--out", str(tmp_path / "out")], missing)
+    source = tmp_path / "in.txt"
+    source.write_text("A dog runs.\n")
+    _refused(["translate", "--export", missing, "--input", str(source)], missing)
+    _refused(["translate", "--export", missing, "--input", str(tmp_path / "nope.txt")],
+             "nope.txt")
+    _refused(["evaluate", "--export", missing, "--split", "test"], missing)
+
+
+def test_translate_refuses_to_write_over_its_input(tmp_path):
+    document = tmp_path / "doc.txt"
+    document.write_text("A dog runs.\nTwo men talk.\n")
+    # No export is needed: the check comes first.
+    _refused(["translate", "--export", str(tmp_path / "missing"), "--input", str(document),
+              "--output", str(document)], "doc.txt", "input")
+    assert document.read_text() == "A dog runs.\nTwo men talk.\n"
+
+
+def test_export_refuses_an_existing_version_as_its_base_directory(tmp_path):
+    version = tmp_path / "exports" / "1"
+    version.mkdir(parents=True)
+    (version / "saved_model.pb").write_bytes(b"")
+    # It would have written exports/1/1, which `translate --export exports/1` never reads.
+    _refused(["export", "--model", str(tmp_path / "run"), "--out", str(version)],
+             str(version), "--out")
+
+
+@pytest.mark.parametrize("argv", [
+    ["evaluate", "--export", "e", "--limit", "0"],
+    ["evaluate", "--export", "e", "--limit", "-5"],
+    ["evaluate", "--export", "e", "--batch-size", "0"],
+    ["translate", "--export", "e", "--batch-size", "0"],
+    ["launch", "--local-workers", "0", "--", "train", "--preset", "tiny", "--output", "r"],
+])
+def test_counts_below_one_are_refused_by_the_parser(argv, capsys):
+    with pytest.raises(SystemExit) as error:
+        main(argv)
+    assert error.value.code == 2  # argparse's usage error
+    assert "must be >= 1" in capsys.readouterr().err
+
+
+def test_launch_without_a_train_command_is_one_message():
+    _refused(["launch", "--local-workers", "2"], "train")
