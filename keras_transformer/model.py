@@ -1,6 +1,7 @@
 """`build_transformer`: the encoder-decoder Transformer as a Keras functional model."""
 
 import math
+import numbers
 
 import keras
 from keras import ops
@@ -14,9 +15,13 @@ DECODER_INPUT = "decoder_tokens"
 
 
 def _check_positive(**values):
+    """Refuses non-integers (NumPy's included) and values below 1; returns Python ints."""
+    checked = {}
     for name, value in values.items():
-        if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+        if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value <= 0:
             raise ValueError(f"`{name}` must be a positive integer, got {name}={value!r}.")
+        checked[name] = int(value)
+    return checked
 
 
 def build_transformer(
@@ -95,7 +100,8 @@ def build_transformer(
     num_decoder_layers = num_layers if num_decoder_layers is None else num_decoder_layers
     shared_vocabulary = target_vocab_size is None
     target_vocab_size = vocab_size if shared_vocabulary else target_vocab_size
-    _check_positive(
+    (vocab_size, target_vocab_size, d_model, num_heads, ff_dim, num_layers,
+     num_decoder_layers, max_length) = _check_positive(
         vocab_size=vocab_size,
         target_vocab_size=target_vocab_size,
         d_model=d_model,
@@ -104,7 +110,7 @@ def build_transformer(
         num_layers=num_layers,
         num_decoder_layers=num_decoder_layers,
         max_length=max_length,
-    )
+    ).values()
     if d_model % num_heads:
         raise ValueError(
             f"d_model must be divisible by num_heads, got d_model={d_model} and "

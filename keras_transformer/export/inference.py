@@ -30,6 +30,16 @@ SORT_BUFFER_BATCHES = 16
 COUNT_BLOCK_BYTES = 1 << 20
 
 
+def check_sentence_list(sentences):
+    """Refuses one string where a list of sentences is expected (a string is an iterable of
+    characters, which would be translated one by one)."""
+    if isinstance(sentences, (str, bytes)):
+        raise TypeError(
+            "Expected a list of sentences, got one "
+            f"{type(sentences).__name__}: pass [sentence] to translate it alone."
+        )
+
+
 def _as_bytes(sentence):
     """str -> UTF-8 bytes; bytes pass through untouched (the graph repairs invalid UTF-8)."""
     if isinstance(sentence, bytes):
@@ -179,6 +189,7 @@ class ExportedTranslator:
         Yields:
             One dict per sentence, in order, as in `translate`.
         """
+        check_sentence_list(sentences)
         if batch_size < 1:
             raise ValueError(f"batch_size must be positive, got batch_size={batch_size}.")
         if sort_buffer_batches < 1:

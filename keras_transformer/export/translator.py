@@ -6,6 +6,7 @@ import tensorflow as tf
 
 from keras_transformer import decoding
 from keras_transformer.decoding.utils import check_length_penalty_form
+from keras_transformer.export.inference import check_sentence_list
 from keras_transformer.model import TransformerParts
 from keras_transformer.text import END_ID, PAD_ID, START_ID, UNK_ID
 
@@ -134,6 +135,13 @@ class DecodingConfig:
             raise ValueError(f"`top_k` must be an int >= 0 (0 = off), got top_k={self.top_k}.")
         if not 0 < self.top_p <= 1:
             raise ValueError(f"`top_p` must be in (0, 1] (1 = off), got top_p={self.top_p}.")
+        sampling = {name: getattr(self, name) for name, off in (
+            ("temperature", 1.0), ("top_k", 0), ("top_p", 1.0)) if getattr(self, name) != off}
+        if sampling and self.search != "sample":
+            raise ValueError(
+                f"{sampling} apply to search='sample' only; search={self.search!r} would "
+                "ignore them."
+            )
         check_length_penalty_form(self.length_penalty_form)
         if self.in_place_cache not in IN_PLACE_CACHE:
             raise ValueError(f"in_place_cache must be one of {IN_PLACE_CACHE}, got "
@@ -142,6 +150,21 @@ class DecodingConfig:
             raise ValueError(
                 f"`jit_max_rows` must be >= 1 (or None: XLA at every batch size), got "
                 f"jit_max_rows={self.jit_max_rows}."
+            )
+
+
+def _check_vocabularies(parts, source_tokenizer, target_tokenizer):
+    """Refuses tokenizers whose vocabulary is not the model's (ids past the embedding
+    table would fail inside the serving graph, on some inputs only; a larger model
+    vocabulary would produce ids the detokenizer rejects)."""
+    for side, tokenizer, embedding in (("source", source_tokenizer, parts.source_embedding),
+                                       ("target", target_tokenizer, parts.target_embedding)):
+        size = getattr(tokenizer, "vocab_size", None)
+        if size is not None and int(size) != embedding.vocab_size:
+            raise ValueError(
+                f"The {side} tokenizer has {int(size)} pieces but the model's {side} "
+                f"vocabulary has {embedding.vocab_size}: use the tokenizer the model was "
+                "trained with (a run's tokenizer/ directory)."
             )
 
 
@@ -300,8 +323,12 @@ class Translator(tf.Module):
         self.model_variables = [_tf_variable(v) for v in model.variables]
         self.source_tokenizer = source_tokenizer
         self.target_tokenizer = target_tokenizer
+        if config is not None and not isinstance(config, DecodingConfig):
+            raise TypeError(f"config must be a DecodingConfig (or None), got "
+                            f"{type(config).__name__}: DecodingConfig(**settings).")
         self.config = config or DecodingConfig()
         self._parts = TransformerParts(model)
+        _check_vocabularies(self._parts, source_tokenizer, target_tokenizer)
         check_position_limits(self._parts, self.config)
         if self.config.stored_projection and self._parts.output_projection is None:
             table = self._parts.target_embedding.embeddings
@@ -451,6 +478,7 @@ class Translator(tf.Module):
 
     def __call__(self, sentences):
         """Translates a list of Python strings; returns a list of Python strings."""
+        check_sentence_list(sentences)
         outputs = self.translate(tf.constant(list(sentences), tf.string))
         return [t.decode("utf-8") for t in outputs["translation"].numpy().tolist()]
 

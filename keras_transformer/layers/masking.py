@@ -62,6 +62,10 @@ def merge_masks(
         bool tensor `(B, T, S)` (or `(1, T, S)` with only a causal mask), or `None` when there is
         nothing to mask.
     """
+    for name, value, form in (("padding_mask", padding_mask, "(B, S)"),
+                              ("attention_mask", attention_mask, "(B, T, S)")):
+        if value is not None and len(value.shape) != len(form.split(",")):
+            raise ValueError(f"`{name}` must be {form}, got shape {tuple(value.shape)}.")
     mask = None
     if padding_mask is not None:
         mask = ops.expand_dims(ops.cast(padding_mask, "bool"), 1)  # (B, 1, S)

@@ -193,6 +193,7 @@ class MultiHeadAttention(keras.layers.Layer):
             key_heads = self._split_heads(self._key_dense(key))  # (B, S, H, d_k)
             value_heads = self._split_heads(self._value_dense(value))  # (B, S, H, d_v)
             if cache is not None:
+                _check_cache_room(cache, cache_index, query_heads.shape[1])
                 # Write the new positions into the fixed-size cache, then attend over all of it.
                 update = ops.stack([key_heads, value_heads], axis=1)  # (B, 2, T, H, d_k)
                 zero = ops.zeros((), "int32")
@@ -325,3 +326,22 @@ class MultiHeadAttention(keras.layers.Layer):
             }
         )
         return config
+
+
+def _check_cache_room(cache, cache_index, length):
+    """Refuses to write past a fixed-size cache where the index is known before running
+    (a Python, NumPy or eager integer): the update would be clamped into the last positions
+    and the step would attend a cache it had half overwritten."""
+    positions = cache.shape[2]
+    if positions is None or length is None:
+        return
+    try:
+        index = int(cache_index)
+    except (TypeError, ValueError):  # a symbolic index: known only when the graph runs
+        return
+    if index < 0 or index + length > positions:
+        raise ValueError(
+            f"cache_index={index} with {length} new position(s) does not fit a cache of "
+            f"{positions} positions: initialize_cache(..., max_length) bounds the positions "
+            "a cached decoder writes."
+        )

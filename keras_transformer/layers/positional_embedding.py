@@ -156,6 +156,7 @@ class PositionalEmbedding(keras.layers.Layer):
         if padding_mask is not None:
             raise ValueError("`padding_mask` is for `reverse=True` (the embedding of token ids "
                              "masks padding by itself).")
+        self._check_token_ids(inputs, start_index)
         length = ops.shape(inputs)[-1]
         tokens = ops.take(self.embeddings, ops.cast(inputs, "int32"), axis=0)  # (B, T, d)
         if self.scale_embeddings:
@@ -170,6 +171,25 @@ class PositionalEmbedding(keras.layers.Layer):
         outputs = tokens + ops.cast(positions, tokens.dtype)[None]  # (B, T, d)
         return self._dropout_layer(outputs, training=training)
 
+    def _check_token_ids(self, inputs, start_index):
+        """Integer ids (floats would embed but mask nothing), within a learned position
+        table where the length and start are known before running."""
+        dtype = keras.backend.standardize_dtype(inputs.dtype)
+        if "int" not in dtype:
+            raise TypeError(
+                f"{self.name} expects integer token ids, got {dtype} (keras.Input's default): "
+                f"use keras.Input(shape=(None,), dtype=\"int32\"). Float ids would embed "
+                "but compute no padding mask."
+            )
+        length = inputs.shape[-1]
+        if (self.learned_positions and length is not None
+                and isinstance(start_index, int) and start_index + length > self.max_length):
+            raise ValueError(
+                f"Positions {start_index} .. {start_index + length - 1} are past the learned "
+                f"position table of {self.name} (max_length={self.max_length}): shorten the "
+                "inputs or build the layer with a larger max_length."
+            )
+
     def compute_mask(self, inputs, mask=None):
         # Only token ids carry padding; hidden states projected with `reverse=True` do not.
         if not self.mask_zero or "int" not in str(inputs.dtype):
@@ -181,6 +201,7 @@ class PositionalEmbedding(keras.layers.Layer):
         if reverse:
             shape = tuple(inputs.shape[:-1]) + (self.vocab_size,)
         else:
+            self._check_token_ids(inputs, start_index)
             shape = tuple(inputs.shape) + (self.d_model,)
         return keras.KerasTensor(shape, dtype=self.compute_dtype)
 

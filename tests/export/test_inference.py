@@ -83,6 +83,10 @@ def test_exported_translator_batches_and_matches_the_translator(exported, copy_t
                                rtol=1e-4, atol=1e-4)
     assert translator(sentences, batch_size=64) == [r["translation"] for r in results]
     assert translator.translate([]) == []
+    # A string is an iterable of characters: it would be translated letter by letter.
+    for call in (translator.translate, translator, lambda s: list(translator.translate_stream(s))):
+        with pytest.raises(TypeError, match="list of sentences"):
+            call("A dog runs.")
     with pytest.raises(ValueError, match="no signature 'nope'"):
         ExportedTranslator(exported, signature="nope")
     with pytest.raises(FileNotFoundError):

@@ -513,3 +513,42 @@ def test_export_cli_sampling_flags_reach_the_translator(small_tokenizer, monkeyp
         cli.main(base + ["--search", "sample", "--temperature", "0"])
     with pytest.raises(SystemExit, match="top_p"):
         cli.main(base + ["--search", "sample", "--top-p", "0"])
+
+
+@pytest.mark.parametrize("settings", [dict(temperature=0.7), dict(top_k=5), dict(top_p=0.9)],
+                         ids=["temperature", "top_k", "top_p"])
+@pytest.mark.parametrize("search", ["beam", "greedy"])
+def test_sampling_settings_without_the_sampling_search_are_refused(settings, search):
+    # They would be ignored: the translations would come from another search.
+    from keras_transformer.export import DecodingConfig
+
+    with pytest.raises(ValueError, match="search='sample'"):
+        DecodingConfig(search=search, **settings)
+    assert DecodingConfig(search="sample", **settings).search == "sample"
+
+
+def test_translator_refuses_tokenizers_of_another_vocabulary(small_tokenizer):
+    from keras_transformer.export import Translator
+    from keras_transformer.model import build_transformer
+
+    size = small_tokenizer.vocab_size
+    small = dict(d_model=16, num_heads=2, ff_dim=32, num_layers=1, max_length=TABLE)
+    with pytest.raises(ValueError, match=f"source tokenizer has {size} .* {size + 8}"):
+        Translator(build_transformer(size + 8, **small), small_tokenizer, small_tokenizer)
+    with pytest.raises(ValueError, match=f"target tokenizer has {size} .* {size - 4}"):
+        Translator(build_transformer(size, target_vocab_size=size - 4, tie_embeddings=False,
+                                     **small), small_tokenizer, small_tokenizer)
+
+
+def test_translator_takes_a_list_of_sentences_and_a_decoding_config(small_tokenizer):
+    from keras_transformer.export import Translator
+
+    model = tiny_model(small_tokenizer)
+    translator = tiny_translator(small_tokenizer, model, search="greedy",
+                                 max_input_length=TABLE, max_output_length=TABLE)
+    # A string is an iterable of characters: it would be translated letter by letter.
+    with pytest.raises(TypeError, match="list of sentences"):
+        translator("ka lo mi")
+    assert len(translator(["ka lo mi"])) == 1
+    with pytest.raises(TypeError, match="DecodingConfig"):
+        Translator(model, small_tokenizer, small_tokenizer, {"beam_size": 4})
