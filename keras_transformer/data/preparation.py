@@ -122,7 +122,8 @@ def scan_split(source, split, source_tokenizer, target_tokenizer, max_length, ba
         # encoder = source + END, decoder = START + target, labels = target + END.
         return tf.maximum(source_ids.row_lengths(), target_ids.row_lengths()) + 1
 
-    dataset = (source.dataset(split, report, limit=limit).batch(_SCAN_CHUNK)
+    errors = []  # the reader's DataError, raised here rather than by tf.data
+    dataset = (source.dataset(split, report, limit=limit, errors=errors).batch(_SCAN_CHUNK)
                .map(lengths, num_parallel_calls=tf.data.AUTOTUNE))
     # A histogram of lengths, not a list: memory stays constant for any corpus size.
     histogram, too_long = np.zeros(max_length + 1, np.int64), 0
@@ -131,6 +132,8 @@ def scan_split(source, split, source_tokenizer, target_tokenizer, max_length, ba
             too_long += int(np.sum(chunk > max_length))
             chunk = chunk[chunk <= max_length]
         histogram += np.bincount(np.minimum(chunk, max_length), minlength=max_length + 1)
+    if errors:
+        raise errors[0]
     for _ in range(too_long):
         report.drop("too_long")
     if report.kept == 0:

@@ -150,7 +150,7 @@ class ParallelSource:
     def _read(self, split, report, keep_all):
         raise NotImplementedError
 
-    def dataset(self, split, report=None, limit=None):
+    def dataset(self, split, report=None, limit=None, errors=None):
         """The pairs of a split as a `tf.data.Dataset` of `{lang: tf.string}` scalars.
 
         The Python reader hands pairs to tf.data in chunks; everything after it
@@ -161,6 +161,10 @@ class ParallelSource:
             split: str, a split name.
             report: `SplitReport` or None, filled as the dataset is iterated.
             limit: int or None, stop after this many kept pairs (`train_subset`).
+            errors: list or None: a `DataError` of the reader ends the dataset and is
+                appended here, for the caller to raise once it has iterated (tf.data would
+                raise it as a TensorFlow `InvalidArgumentError` with the reader's traceback
+                in its message). None: raised by tf.data.
 
         Returns:
             A `tf.data.Dataset` of `{source_lang: string, target_lang: string}`.
@@ -169,6 +173,15 @@ class ParallelSource:
         source_lang, target_lang = self.source_lang, self.target_lang
 
         def chunks():
+            if errors is None:
+                yield from pair_chunks()
+                return
+            try:
+                yield from pair_chunks()
+            except DataError as error:
+                errors.append(error)
+
+        def pair_chunks():
             sources, targets = [], []
             for source, target in itertools.islice(self.pairs(split, report), limit):
                 sources.append(source)

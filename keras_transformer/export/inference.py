@@ -15,6 +15,7 @@ import time
 import tensorflow as tf
 import tensorflow_text  # noqa: F401  (registers the SentencePiece ops of the exported graph)
 
+from keras_transformer.data.readers import open_binary
 from keras_transformer.export.saved_model import latest_version_dir
 
 # The input of every exported signature and its outputs (see docs/CONTRACTS.md).
@@ -225,7 +226,8 @@ class ExportedTranslator:
 
 
 def read_lines(path_or_dash):
-    """Reads one sentence per line from a UTF-8 file, or from stdin when given `"-"`.
+    """Reads one sentence per line from a UTF-8 file (plain or `.gz`), or from stdin when
+    given `"-"`.
 
     Only `"\\n"` separates lines (a trailing `"\\r"` is dropped), so Unicode line separators
     inside a sentence do not shift it against its reference; empty lines are kept; invalid
@@ -255,7 +257,7 @@ def iter_lines(path_or_dash):
     if str(path_or_dash) == "-":
         yield from _decoded_lines(sys.stdin.buffer)
         return
-    with open(path_or_dash, "rb") as stream:
+    with open_binary(path_or_dash) as stream:
         yield from _decoded_lines(stream)
 
 
@@ -271,7 +273,7 @@ def _decoded_lines(stream):
 def count_lines(path):
     """The number of lines `iter_lines(path)` yields (a last line without "\\n" counts)."""
     count, last = 0, b"\n"
-    with open(path, "rb") as stream:
+    with open_binary(path) as stream:
         for block in iter(lambda: stream.read(COUNT_BLOCK_BYTES), b""):
             count += block.count(b"\n")
             last = block[-1:]

@@ -129,7 +129,16 @@ def train_sentencepiece(
         minloglevel=2,
     )
     options.update(extra_options)
-    spm.SentencePieceTrainer.train(**options)
+    try:
+        spm.SentencePieceTrainer.train(**options)
+    except RuntimeError as error:
+        if "Vocabulary size" not in str(error):
+            raise
+        # "Vocabulary size too high (8000). Please set it to a value <= N."
+        raise ValueError(
+            f"The training sentences cannot fill a vocabulary of vocab_size={vocab_size} "
+            f"pieces ({error}): train with a smaller one (--set vocab_size=N) or on more data."
+        ) from None
     output_path.parent.mkdir(parents=True, exist_ok=True)
     output_path.write_bytes(model.getvalue())
     return output_path

@@ -40,7 +40,7 @@ from keras_transformer.training.callbacks import (
 from keras_transformer.training.losses import MaskedSparseCategoricalCrossentropy
 from keras_transformer.training.metrics import MaskedAccuracy
 from keras_transformer.training.optimizers import learning_rate_schedule, make_optimizer
-from keras_transformer.training.presets import resolve_precision
+from keras_transformer.training.presets import TrainingConfig, resolve_precision
 from keras_transformer.training.schedules import cooldown_steps
 from keras_transformer.training.strategy import (
     is_chief,
@@ -225,11 +225,19 @@ class ConfigMismatchError(ValueError):
 
 
 def is_run_directory(path):
-    """Whether `path` is a directory `train` wrote (so `--overwrite` may delete it)."""
+    """Whether `path` is a directory `train` wrote (so `--overwrite` may delete it): its
+    `config.json` and another of `RUN_MARKERS`, or a `config.json` that is a
+    `TrainingConfig` (what a run that failed before its vocabulary leaves)."""
     path = pathlib.Path(path)
-    return path.is_dir() and (path / "config.json").is_file() and any(
-        (path / name).exists() for name in RUN_MARKERS if name != "config.json"
-    )
+    if not (path.is_dir() and (path / "config.json").is_file()):
+        return False
+    if any((path / name).exists() for name in RUN_MARKERS if name != "config.json"):
+        return True
+    try:
+        TrainingConfig.from_file(path / "config.json")
+    except (ValueError, TypeError, OSError):
+        return False
+    return True
 
 
 def check_resumable(config, run_dir):

@@ -126,3 +126,18 @@ def test_padding_report_measures_the_runs_own_bucket_edges(toy_corpus, toy_token
     # The default edges (from 8 up) give these short pairs other batches.
     assert bucketed(default_bucket_boundaries(16)) > bucketed(list(edges)) + 0.05
     assert report.without_bucketing > report.with_bucketing
+
+
+def test_bad_data_found_while_counting_is_a_data_error(toy_corpus, toy_tokenizer, tmp_path):
+    # Counting reads the split through tf.data, which turned the reader's DataError into a
+    # TensorFlow InvalidArgumentError: a screen of traceback where the reader's one line
+    # (file, line, byte) was meant. Training reads a validation split first this way.
+    from keras_transformer.data import DataError
+
+    bad_fr, bad_en = tmp_path / "valid.fr", tmp_path / "valid.en"
+    bad_fr.write_bytes(b"un chien\ncaf\xe9\n")
+    bad_en.write_text("a dog\ncafe\n")
+    source = open_source("files", {"train": toy_corpus["files"]["train"],
+                                   "validation": [str(bad_fr), str(bad_en)]})
+    with pytest.raises(DataError, match=r"valid\.fr:2: invalid UTF-8"):
+        scan_split(source, "validation", toy_tokenizer, toy_tokenizer, 16, dict(batch_size=2))

@@ -117,6 +117,13 @@ def test_iter_lines_and_count_lines_agree_with_read_lines(tmp_path):
         path.write_bytes(data)
         assert list(iter_lines(path)) == read_lines(path), name
         assert count_lines(path) == len(read_lines(path)), name
+    # Compressed, as `train` reads its files: the same lines, not the compressed bytes.
+    import gzip
+
+    with gzip.open(tmp_path / "crlf.txt.gz", "wb") as stream:
+        stream.write(cases["crlf.txt"])
+    assert read_lines(tmp_path / "crlf.txt.gz") == read_lines(tmp_path / "crlf.txt")
+    assert count_lines(tmp_path / "crlf.txt.gz") == count_lines(tmp_path / "crlf.txt")
 
 
 def test_progress_bar_counts_to_the_total_and_ends_its_line():

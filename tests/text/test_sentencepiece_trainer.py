@@ -33,3 +33,15 @@ def test_trains_from_files(tmp_path, train_sentences):
     from_file = train_sentencepiece(str(corpus), tmp_path / "f.model", vocab_size=600)
     from_list = train_sentencepiece(train_sentences[::8], tmp_path / "l.model", vocab_size=600)
     assert from_file.read_bytes() == from_list.read_bytes()
+
+
+def test_a_vocabulary_the_corpus_cannot_fill_is_a_clear_error(tmp_path):
+    # SentencePiece raises a RuntimeError ("Vocabulary size too high (8000). Please set it
+    # to a value <= N."): a user with a small corpus meets it with the presets' 8000.
+    import pytest
+
+    with pytest.raises(ValueError, match=r"vocab_size=8000.*--set vocab_size=N") as error:
+        train_sentencepiece(["A dog runs.", "Ein Hund rennt."] * 20, tmp_path / "x.model",
+                            vocab_size=8000)
+    assert "<=" in str(error.value)  # SentencePiece's bound, kept
+    assert not (tmp_path / "x.model").exists()

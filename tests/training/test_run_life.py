@@ -179,10 +179,26 @@ def test_epoch_seeds_differ_per_epoch_and_do_not_depend_on_the_process():
 
 def test_run_directory_detection(tmp_path):
     assert not is_run_directory(tmp_path)
-    (tmp_path / "config.json").write_text("{}")
-    assert not is_run_directory(tmp_path)  # a config alone is not a run
+    (tmp_path / "config.json").write_text('{"name": "my project"}')
+    assert not is_run_directory(tmp_path)  # another program's config.json
     (tmp_path / "history.json").write_text("{}")
     assert is_run_directory(tmp_path)
+
+
+def test_a_run_that_failed_before_its_vocabulary_can_be_started_over(tmp_path):
+    # `train` writes config.json first; a run that failed while training its vocabulary
+    # (a vocabulary too large for the corpus, Ctrl-C) holds nothing else. Asking again with
+    # other settings is refused with "--overwrite to start over", which must then work.
+    from keras_transformer.cli import main
+
+    get_preset("tiny").replace(vocab_size=8000).to_file(tmp_path / "config.json")
+    assert is_run_directory(tmp_path)
+    with pytest.raises(SystemExit, match="--overwrite to start over"):
+        main(["train", "--preset", "tiny", "--output", str(tmp_path)])
+    from keras_transformer.cli import _overwrite
+
+    _overwrite(tmp_path, worker_index=None)
+    assert list(tmp_path.iterdir()) == []
 
 
 @pytest.mark.slow
