@@ -20,6 +20,7 @@ never drop a sentence (the export truncates input to its `max_input_length`).
 
 import dataclasses
 import json
+import os
 import pathlib
 
 import numpy as np
@@ -148,6 +149,22 @@ def scan_split(source, split, source_tokenizer, target_tokenizer, max_length, ba
     return report, num_batches
 
 
+def _file_stats(spec):
+    """`{path: [size, mtime_ns]}` of a source's local files (`data_files`), so that a
+    report counted before the files were edited is not reused; `{}` for other sources."""
+    paths = []
+    for entry in (spec.get("data_files") or {}).values():
+        paths.extend([entry] if isinstance(entry, str) else entry)
+    stats = {}
+    for path in paths:
+        try:
+            status = os.stat(path)
+        except OSError:
+            continue  # reading it will say what is wrong
+        stats[str(path)] = [status.st_size, status.st_mtime_ns]
+    return stats
+
+
 def prepare_data_report(source, config, source_tokenizer, target_tokenizer, output_dir,
                         replicas=1, splits=("train", "validation")):
     """The run's `DataReport`: read from `output_dir/data_report.json` or counted and saved.
@@ -170,7 +187,7 @@ def prepare_data_report(source, config, source_tokenizer, target_tokenizer, outp
                     batch_multiple=replicas)
     fingerprint = dict(source=source.spec(), max_length=config.max_length,
                        train_subset=config.train_subset, drop_long=config.drop_long_pairs,
-                       **batching)
+                       files=_file_stats(source.spec()), **batching)
     path = pathlib.Path(output_dir) / REPORT_FILENAME
     if path.is_file():
         cached = DataReport.load(path)

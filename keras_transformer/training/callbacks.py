@@ -31,7 +31,7 @@ class BleuCallback(keras.callbacks.Callback):
     and scores the output against `references` with sacrebleu's default (cased,
     `13a`-tokenized) corpus BLEU on detokenized text, the number papers report as
     "sacreBLEU". The score goes into the epoch `logs` as `val_bleu`, so callbacks after
-    this one in the list (`ModelCheckpoint(monitor="val_bleu")`, `TensorBoard`, the
+    this one in the list (`ModelSaver(monitor="val_bleu")`, `TensorBoard`, the
     progress bar, `History`) see it. When the score beats the best so far and `best_path`
     is set, the model is saved there. The best score is kept next to it in
     `<best_path>.json`, so a run resumed by `BackupAndRestore` does not overwrite a better
@@ -154,13 +154,72 @@ class BleuCallback(keras.callbacks.Callback):
         self.best_bleu = bleu
         if self.best_path is None:
             return
-        os.makedirs(os.path.dirname(os.path.abspath(self.best_path)), exist_ok=True)
-        if self.best_path.endswith(_MODEL_SUFFIX):
-            self.model.save(self.best_path)
+        save_atomically(self.model, self.best_path)
+        _write_json_atomically(self._record_path, {"val_bleu": bleu, "epoch": epoch + 1})
+
+
+def save_atomically(model, path):
+    """`model.save(path)` (or `save_weights` for a `.weights.h5` path) into a temporary file
+    beside `path`, renamed over it once complete: a full disk or a kill during the save
+    leaves the previous file whole."""
+    directory, name = os.path.split(os.path.abspath(path))
+    os.makedirs(directory, exist_ok=True)
+    # The temporary name keeps the suffix, from which Keras picks the format.
+    temporary = os.path.join(directory, f".partial-{os.getpid()}-{name}")
+    try:
+        if name.endswith(_MODEL_SUFFIX):
+            model.save(temporary)
         else:
-            self.model.save_weights(self.best_path)
-        with open(self._record_path, "w", encoding="utf-8") as f:
-            json.dump({"val_bleu": bleu, "epoch": epoch + 1}, f)
+            model.save_weights(temporary)
+        os.replace(temporary, path)
+    finally:
+        if os.path.exists(temporary):
+            os.remove(temporary)
+
+
+def _write_json_atomically(path, value):
+    temporary = f"{path}.tmp"
+    with open(temporary, "w", encoding="utf-8") as f:
+        json.dump(value, f)
+    os.replace(temporary, path)
+
+
+class ModelSaver(keras.callbacks.Callback):
+    """Saves the model (or its weights) after every epoch, or with `monitor` only when the
+    monitored value beats the best so far; each save atomic (`save_atomically`).
+
+    Keras' `ModelCheckpoint` writes over the previous file in place, and a resumed run's
+    checkpoint starts with no best, so its first epoch replaced the best model whatever its
+    score: here the best of the earlier epochs is `initial_best`.
+
+    Args:
+        filepath: str, a `.keras` (the model) or `.weights.h5` (its weights) path.
+        monitor: str or None, a logged quantity; None saves every epoch.
+        mode: `"min"`, `"max"` or `"auto"` (max for accuracies and BLEU, else min).
+        initial_best: float or None, the value to beat (a resumed run's best so far).
+    """
+
+    def __init__(self, filepath, monitor=None, mode="auto", initial_best=None):
+        super().__init__()
+        if mode not in ("auto", "min", "max"):
+            raise ValueError(f"mode must be 'auto', 'min' or 'max', got {mode!r}.")
+        if mode == "auto":
+            mode = "max" if monitor and ("acc" in monitor or "bleu" in monitor) else "min"
+        self.filepath, self.monitor, self.mode, self.best = filepath, monitor, mode, initial_best
+
+    def on_epoch_end(self, epoch, logs=None):
+        if self.monitor is not None:
+            value = (logs or {}).get(self.monitor)
+            if value is None:
+                logger.warning("%s is not in the epoch's logs: %s not saved.", self.monitor,
+                               self.filepath)
+                return
+            value = float(value)
+            if self.best is not None and not (
+                    value < self.best if self.mode == "min" else value > self.best):
+                return
+            self.best = value
+        save_atomically(self.model, self.filepath)
 
 
 class RunHistory(keras.callbacks.Callback):
@@ -610,10 +669,11 @@ def make_callbacks(
     """The standard callbacks of a run, in the order `fit` must see them.
 
     - `bleu_callback` (if given) first, so `val_bleu` is in the epoch logs the others see;
-    - `ModelCheckpoint` saving the latest model every epoch to
+    - `ModelSaver` saving the latest model every epoch to
       `<output_dir>/checkpoints/last.keras` (or `last.weights.h5`), plus, if
       `best_monitor` is set (e.g. `"val_loss"` or `"val_bleu"`), the best one to
-      `checkpoints/best.keras`;
+      `checkpoints/best.keras` (a resumed run's earlier epochs in `run_history` count);
+      every save atomic;
     - `EpochCheckpoints` keeping the last `keep_checkpoints` epochs' weights in
       `checkpoints/epoch-NNN.weights.npz` (for checkpoint averaging), if asked;
     - `TensorBoard` writing under `<output_dir>/logs` (when the `tensorboard` package is
@@ -676,22 +736,13 @@ def make_callbacks(
     checkpoint_dir = os.path.join(output_dir, "checkpoints")
     os.makedirs(checkpoint_dir, exist_ok=True)
     callbacks = [] if bleu_callback is None else [bleu_callback]
-    callbacks.append(
-        keras.callbacks.ModelCheckpoint(
-            os.path.join(checkpoint_dir, "last" + suffix),
-            save_weights_only=save_weights_only,
-        )
-    )
+    callbacks.append(ModelSaver(os.path.join(checkpoint_dir, "last" + suffix)))
     if best_monitor is not None:
-        callbacks.append(
-            keras.callbacks.ModelCheckpoint(
-                os.path.join(checkpoint_dir, "best" + suffix),
-                monitor=best_monitor,
-                mode=best_mode,
-                save_best_only=True,
-                save_weights_only=save_weights_only,
-            )
-        )
+        mode = ModelSaver(None, best_monitor, best_mode).mode
+        earlier = [] if run_history is None else run_history.history.get(best_monitor, [])
+        callbacks.append(ModelSaver(
+            os.path.join(checkpoint_dir, "best" + suffix), monitor=best_monitor, mode=mode,
+            initial_best=(min if mode == "min" else max)(earlier) if earlier else None))
     if keep_checkpoints:
         callbacks.append(EpochCheckpoints(checkpoint_dir, keep_checkpoints))
     tensorboard_installed = importlib.util.find_spec("tensorboard") is not None

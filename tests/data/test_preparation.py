@@ -141,3 +141,25 @@ def test_bad_data_found_while_counting_is_a_data_error(toy_corpus, toy_tokenizer
                                    "validation": [str(bad_fr), str(bad_en)]})
     with pytest.raises(DataError, match=r"valid\.fr:2: invalid UTF-8"):
         scan_split(source, "validation", toy_tokenizer, toy_tokenizer, 16, dict(batch_size=2))
+
+
+def test_a_corpus_edited_between_runs_is_counted_again(toy_corpus, toy_tokenizer, tmp_path):
+    # The same paths with other contents: a stale report would give the pipeline a wrong
+    # batch count (an epoch cut short, or validation's cardinality failing every retry).
+    import shutil
+
+    train = [str(tmp_path / "train.fr"), str(tmp_path / "train.en")]
+    for copy, original in zip(train, toy_corpus["files"]["train"]):
+        shutil.copy(original, copy)
+    config = get_preset("tiny").replace(
+        data="files", data_files={"train": train}, source_lang="fr", target_lang="en",
+        max_length=16, train_subset=None)
+    source = open_source("files", {"train": train})
+    first = prepare_data_report(source, config, toy_tokenizer, toy_tokenizer, tmp_path)
+    assert first.splits["train"]["read"] == 96
+    for path in train:  # keep half the lines of both sides
+        lines = open(path, encoding="utf-8").read().splitlines()
+        write_lines(path, lines[:48])
+    again = prepare_data_report(source, config, toy_tokenizer, toy_tokenizer, tmp_path)
+    assert again.splits["train"]["read"] == 48
+    assert again.batches["train"] < first.batches["train"]

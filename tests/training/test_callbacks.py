@@ -111,7 +111,7 @@ def test_make_callbacks_layout_and_order(tmp_path):
     bleu = BleuCallback(ScriptedTranslator([["a dog runs ."] * 3] * 2), SOURCES, REFERENCES)
     callbacks = make_callbacks(str(tmp_path), bleu_callback=bleu, best_monitor="val_bleu")
     kinds = [type(c).__name__ for c in callbacks]
-    expected = ["BleuCallback", "ModelCheckpoint", "ModelCheckpoint"]
+    expected = ["BleuCallback", "ModelSaver", "ModelSaver"]
     expected += ["TensorBoard"] * TENSORBOARD_INSTALLED + ["BackupAndRestore"]
     assert kinds == expected
     assert callbacks[2].monitor == "val_bleu" and callbacks[2].mode == "max"
@@ -427,3 +427,67 @@ def test_late_dropout_rejects_bad_arguments():
         LateDropout(0.3, epoch=-1)
     with pytest.raises(ValueError, match="planned_epochs"):
         LateDropout(0.3, epoch=2, min_epochs=10)
+
+
+def _checkpoint(callbacks, name):
+    return next(c for c in callbacks if getattr(c, "filepath", "").endswith(name))
+
+
+def test_a_resumed_run_keeps_its_best_checkpoint_by_val_loss(tmp_path):
+    # Without validation BLEU the best model is kept by val_loss. A resumed run's first
+    # epoch must beat the best of the epochs before it, not replace it unconditionally.
+    history = RunHistory(str(tmp_path / "history.json"),
+                         initial={"history": {"val_loss": [2.0, 0.5, 0.7]},
+                                  "epoch_seconds": [1.0, 1.0, 1.0]})
+    callbacks = make_callbacks(str(tmp_path), best_monitor="val_loss", tensorboard=False,
+                               run_history=history)
+    best = _checkpoint(callbacks, "best.keras")
+    model = build_stand_in_model()
+    best.set_model(model)
+    best.on_epoch_end(3, {"val_loss": 0.9})  # worse than epoch 2's 0.5
+    assert not os.path.exists(tmp_path / "checkpoints" / "best.keras")
+    best.on_epoch_end(4, {"val_loss": 0.4})
+    assert os.path.exists(tmp_path / "checkpoints" / "best.keras")
+
+
+@pytest.mark.parametrize("name", ["last.keras", "best.keras"])
+def test_a_checkpoint_save_that_fails_leaves_the_previous_one(tmp_path, monkeypatch, name):
+    # A full disk or a kill in the middle of a save must not leave a broken zip where the
+    # previous checkpoint was.
+    callbacks = make_callbacks(str(tmp_path), best_monitor="loss", tensorboard=False)
+    checkpoint = _checkpoint(callbacks, name)
+    model = build_stand_in_model()
+    checkpoint.set_model(model)
+    checkpoint.on_epoch_end(0, {"loss": 2.0})
+    path = tmp_path / "checkpoints" / name
+    before = path.read_bytes()
+
+    def failing_save(filepath, *args, **kwargs):
+        with open(filepath, "wb") as stream:
+            stream.write(b"half a zip")
+        raise OSError("No space left on device")
+
+    monkeypatch.setattr(model, "save", failing_save)
+    with pytest.raises(OSError, match="No space"):
+        checkpoint.on_epoch_end(1, {"loss": 1.0})
+    assert path.read_bytes() == before
+    assert os.listdir(tmp_path / "checkpoints") == [name]  # no partial file left
+
+
+def test_the_best_bleu_checkpoint_is_replaced_whole_or_not_at_all(tmp_path, monkeypatch):
+    best_path = str(tmp_path / "best.keras")
+    callback = BleuCallback(ScriptedTranslator([["x ."] * 3, ["a dog runs ."] * 3]), SOURCES,
+                            REFERENCES, best_path=best_path)
+    model, _ = _tiny_fit([callback], epochs=1)
+    before = open(best_path, "rb").read()
+
+    def failing_save(filepath, *args, **kwargs):
+        with open(filepath, "wb") as stream:
+            stream.write(b"half a zip")
+        raise OSError("No space left on device")
+
+    monkeypatch.setattr(model, "save", failing_save)
+    with pytest.raises(OSError, match="No space"):
+        callback.on_epoch_end(1, {})  # a better BLEU: it saves
+    assert open(best_path, "rb").read() == before
+    assert sorted(os.listdir(tmp_path)) == ["best.keras", "best.keras.json"]
