@@ -84,8 +84,12 @@ class DataReport:
         return "\n".join(lines)
 
     def save(self, path):
-        """Writes the report as JSON."""
-        pathlib.Path(path).write_text(json.dumps(dataclasses.asdict(self), indent=2))
+        """Writes the report as JSON, into a temporary file renamed when complete (a kill
+        during the write leaves the previous file or none)."""
+        path = pathlib.Path(path)
+        temporary = path.with_name(path.name + ".tmp")
+        temporary.write_text(json.dumps(dataclasses.asdict(self), indent=2))
+        temporary.replace(path)
 
     @classmethod
     def load(cls, path):
@@ -190,8 +194,11 @@ def prepare_data_report(source, config, source_tokenizer, target_tokenizer, outp
                        files=_file_stats(source.spec()), **batching)
     path = pathlib.Path(output_dir) / REPORT_FILENAME
     if path.is_file():
-        cached = DataReport.load(path)
-        if cached.fingerprint == json.loads(json.dumps(fingerprint)):
+        try:
+            cached = DataReport.load(path)
+        except (ValueError, TypeError):  # unreadable (an older writer killed mid-write)
+            cached = None
+        if cached is not None and cached.fingerprint == json.loads(json.dumps(fingerprint)):
             return cached
     counts, batches = {}, {}
     for split in (s for s in splits if s in source.splits()):

@@ -10,7 +10,12 @@ from keras_transformer.data import (
     make_translation_dataset,
     open_source,
 )
-from keras_transformer.data.preparation import REPORT_FILENAME, prepare_data_report, scan_split
+from keras_transformer.data.preparation import (
+    REPORT_FILENAME,
+    DataReport,
+    prepare_data_report,
+    scan_split,
+)
 from keras_transformer.data.readers import DataError
 from keras_transformer.text import train_tokenizers
 from keras_transformer.training import get_preset
@@ -163,3 +168,17 @@ def test_a_corpus_edited_between_runs_is_counted_again(toy_corpus, toy_tokenizer
     again = prepare_data_report(source, config, toy_tokenizer, toy_tokenizer, tmp_path)
     assert again.splits["train"]["read"] == 48
     assert again.batches["train"] < first.batches["train"]
+
+
+def test_a_report_cut_short_by_a_kill_is_counted_again(toy_corpus, toy_tokenizer, tmp_path):
+    # A process killed while writing data_report.json left half a JSON file, and every
+    # later start failed on it ("Expecting value", naming no file).
+    config = get_preset("tiny").replace(
+        data="files", data_files=toy_corpus["files"], source_lang="fr", target_lang="en",
+        max_length=16, train_subset=None)
+    source = open_source("files", {"train": toy_corpus["files"]["train"]})
+    (tmp_path / REPORT_FILENAME).write_text('{"source": {"data": "fi')
+    report = prepare_data_report(source, config, toy_tokenizer, toy_tokenizer, tmp_path)
+    assert report.splits["train"]["read"] == 96
+    assert DataReport.load(tmp_path / REPORT_FILENAME) == report
+    assert sorted(p.name for p in tmp_path.iterdir()) == [REPORT_FILENAME]
