@@ -178,7 +178,8 @@ def _parse_args(argv):
                              "(default %(default)s)")
     parser.add_argument("--grpc", action="store_true", help="use gRPC instead of REST")
     parser.add_argument("--batch-size", type=int, default=64,
-                        help="sentences per request (default %(default)s)")
+                        help="sentences per request (default %(default)s; at most the "
+                             "server's max_batch_size, 64 in export/batching_parameters.txt)")
     parser.add_argument("--timeout", type=float, default=60.0,
                         help="seconds per request (default %(default)s)")
     parser.add_argument("--json", action="store_true",
@@ -188,7 +189,9 @@ def _parse_args(argv):
 
 def main(argv=None):
     args = _parse_args(argv)
-    sentences = args.sentences
+    # Undecodable bytes of an argument arrive as surrogates: replaced, as stdin's are.
+    sentences = [s.encode("utf-8", "surrogateescape").decode("utf-8", errors="replace")
+                 for s in args.sentences]
     if not sentences:
         text = sys.stdin.buffer.read().decode("utf-8", errors="replace")
         sentences = text.split("\n")

@@ -424,6 +424,13 @@ def _evaluation_pairs(args, metadata):
         return sources, references, f"{args.src} -> {args.ref}"
     from keras_transformer.data import open_source
 
+    if not ({"data", "training_config"} & set(metadata)) and not (
+            args.source_lang and args.target_lang):
+        raise SystemExit(
+            f"{args.export} records no data source or direction (an export written from "
+            "Python without metadata): evaluate it with --src FILE --ref FILE, or name "
+            "Multi30K's languages with --source-lang and --target-lang."
+        )
     spec = _data_spec(metadata)
     spec["source_lang"] = args.source_lang or spec["source_lang"]
     spec["target_lang"] = args.target_lang or spec["target_lang"]

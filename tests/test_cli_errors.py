@@ -93,3 +93,17 @@ def test_counts_below_one_are_refused_by_the_parser(argv, capsys):
 
 def test_launch_without_a_train_command_is_one_message():
     _refused(["launch", "--local-workers", "2"], "train")
+
+
+def test_evaluate_refuses_a_split_of_an_export_that_records_no_data(tmp_path):
+    # An export written from Python without metadata records neither its data nor its
+    # direction: `--split test` scored it against Multi30K en->de, whatever it translates.
+    import json
+
+    version = tmp_path / "export" / "1"
+    (version / "assets.extra").mkdir(parents=True)
+    (version / "saved_model.pb").write_bytes(b"")
+    (version / "assets.extra" / "translator.json").write_text(
+        json.dumps({"decoding": {"search": "beam"}, "exported_at": "2026-11-27T00:00:00Z"}))
+    _refused(["evaluate", "--export", str(tmp_path / "export"), "--split", "test"],
+             "records no data source", "--src")

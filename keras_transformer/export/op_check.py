@@ -152,8 +152,10 @@ class OpReport:
 
     @property
     def ok(self):
-        """True when stock TF Serving of the installed TensorFlow's version runs the export."""
-        return not self.python_ops and not self.unknown_ops
+        """True when stock TF Serving of the installed TensorFlow's version, and of every
+        release compared with, has every op of the export."""
+        return not (self.python_ops or self.unknown_ops
+                    or any(self.missing_in_release.values()))
 
     def summary(self):
         """A few human-readable lines."""
@@ -197,6 +199,11 @@ def main(argv=None):
                         help="also compare with these recorded TensorFlow releases "
                         "(default: %(default)s, the newest TF Serving)")
     args = parser.parse_args(argv)
+    for version in args.tensorflow:
+        try:
+            recorded_ops(version)
+        except KeyError as error:
+            parser.error(error.args[0])
     from keras_transformer.export.saved_model import latest_version_dir
 
     report = check_export(latest_version_dir(args.export), releases=args.tensorflow)

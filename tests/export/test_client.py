@@ -145,3 +145,20 @@ def test_client_sends_length_sorted_batches_and_prints_in_input_order():
     assert sorted(sent) == sorted(sentences) and all(len(b) <= 3 for b in requests)
     lengths = [len(s.encode()) for s in sent]
     assert lengths == sorted(lengths), requests
+
+
+def test_a_sentence_argument_that_is_not_utf8_is_translated_with_replacements(monkeypatch,
+                                                                             capsys):
+    # Undecodable bytes on the command line reach Python as surrogates (surrogateescape):
+    # encoding them to sort the batch crashed the client before any request.
+    client = _load_client()
+    sent = []
+
+    def fake_predict(batch, **unused):
+        sent.extend(batch)
+        return [{"translation": s, "score": -1.0, "length": 1} for s in batch]
+
+    monkeypatch.setattr(client, "predict_rest", fake_predict)
+    assert client.main([b"caf\xe9 au lait".decode("utf-8", "surrogateescape")]) == 0
+    assert sent == ["caf\ufffd au lait"]  # as stdin's invalid bytes
+    assert capsys.readouterr().out == "caf\ufffd au lait\n"

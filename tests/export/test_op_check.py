@@ -95,3 +95,23 @@ def test_default_export_has_no_xla_op_and_jit_export_passes_the_check(copy_task,
     assert "XlaDynamicUpdateSlice" in saved_model_ops(jit)
     report = check_export(jit, releases=[TF_SERVING_VERSION], core_and_text=core_and_text)
     assert report.ok, report.summary()
+
+
+def test_an_op_missing_in_the_compared_release_fails_the_check():
+    # An export using a core op that TF Serving's release lacks does not load there: the
+    # check must fail (exit status 1), not list the op and print OK.
+    from keras_transformer.export.op_check import OpReport
+
+    report = OpReport({"AddV2": 1, "DisableCopyOnRead": 1}, {"AddV2", "DisableCopyOnRead"},
+                      set(), {"2.20.0": {"AddV2"}})
+    assert report.missing_in_release == {"2.20.0": ["DisableCopyOnRead"]}
+    assert not report.ok
+    assert "NOT loadable" in report.summary()
+    assert OpReport({"AddV2": 1}, {"AddV2"}, set(), {"2.20.0": {"AddV2"}}).ok
+
+
+def test_an_unrecorded_release_is_a_usage_error(capsys):
+    with pytest.raises(SystemExit) as error:
+        main(["unused", "--tensorflow", "1.0.0"])
+    assert error.value.code == 2 and "No op list recorded for TensorFlow 1.0.0" in (
+        capsys.readouterr().err)
