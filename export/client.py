@@ -164,6 +164,17 @@ def translate_all(sentences, predict, batch_size=64, sort_buffer_batches=SORT_BU
         yield from results
 
 
+def _stdin_lines(stream):
+    """The lines of a binary stream, one at a time, without "\n" or "\r\n"; invalid UTF-8
+    replaced. Only "\n" ends a line (Unicode separators stay inside their sentence)."""
+    for line in stream:
+        if line.endswith(b"\n"):
+            line = line[:-1]
+        if line.endswith(b"\r"):
+            line = line[:-1]
+        yield line.decode("utf-8", errors="replace")
+
+
 def _parse_args(argv):
     parser = argparse.ArgumentParser(
         description="Translate sentences with a TF Serving `translator` model.")
@@ -193,11 +204,7 @@ def main(argv=None):
     sentences = [s.encode("utf-8", "surrogateescape").decode("utf-8", errors="replace")
                  for s in args.sentences]
     if not sentences:
-        text = sys.stdin.buffer.read().decode("utf-8", errors="replace")
-        sentences = text.split("\n")
-        if text.endswith("\n") or not text:
-            sentences.pop()
-        sentences = [s[:-1] if s.endswith("\r") else s for s in sentences]
+        sentences = _stdin_lines(sys.stdin.buffer)  # read as it is translated
     # UTF-8 output whatever the locale (a C locale would fail on the first umlaut).
     sys.stdout.reconfigure(encoding="utf-8")
     predict = predict_grpc if args.grpc else predict_rest

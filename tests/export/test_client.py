@@ -162,3 +162,43 @@ def test_a_sentence_argument_that_is_not_utf8_is_translated_with_replacements(mo
     assert client.main([b"caf\xe9 au lait".decode("utf-8", "surrogateescape")]) == 0
     assert sent == ["caf\ufffd au lait"]  # as stdin's invalid bytes
     assert capsys.readouterr().out == "caf\ufffd au lait\n"
+
+
+def test_stdin_is_translated_as_it_is_read(monkeypatch, capsys):
+    # A slow pipe or a large file: each read-ahead buffer is sent once it is full, not after
+    # the whole input has been read into memory.
+    import io
+
+    client = _load_client()
+    lines_read = []
+
+    class Stdin(io.RawIOBase):
+        def __init__(self, lines):
+            self.lines = iter(lines)
+
+        def readable(self):
+            return True
+
+        def readline(self, size=-1):
+            line = next(self.lines, b"")
+            if line:
+                lines_read.append(line)
+            return line
+
+        def __iter__(self):
+            return iter(self.readline, b"")
+
+    requests = []
+
+    def fake_predict(batch, **unused):
+        requests.append(len(lines_read))  # lines read when this request is sent
+        return [{"translation": s.upper(), "score": -1.0, "length": 1} for s in batch]
+
+    count = 4 * client.SORT_BUFFER_BATCHES + 5  # more than one read-ahead buffer
+    lines = [f"sentence {i}\r\n".encode() for i in range(count)] + [b"caf\xe9"]
+    monkeypatch.setattr(client, "predict_rest", fake_predict)
+    monkeypatch.setattr(sys, "stdin", type("S", (), {"buffer": Stdin(lines)})())
+    assert client.main(["--batch-size", "4"]) == 0
+    assert requests[0] < len(lines)  # the first batch left before the input ended
+    assert capsys.readouterr().out.split("\n")[:-1] == (
+        [f"SENTENCE {i}" for i in range(count)] + ["CAF\ufffd"])
