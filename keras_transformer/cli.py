@@ -424,8 +424,9 @@ def _evaluation_pairs(args, metadata):
         return sources, references, f"{args.src} -> {args.ref}"
     from keras_transformer.data import open_source
 
-    if not ({"data", "training_config"} & set(metadata)) and not (
-            args.source_lang and args.target_lang):
+    recorded = {"data", "training_config"} & set(metadata) or (
+        metadata.get("source_lang") and metadata.get("target_lang"))
+    if not recorded and not (args.source_lang and args.target_lang):
         raise SystemExit(
             f"{args.export} records no data source or direction (an export written from "
             "Python without metadata): evaluate it with --src FILE --ref FILE, or name "

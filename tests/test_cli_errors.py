@@ -64,7 +64,7 @@ def test_translate_refuses_to_write_over_its_input(tmp_path):
     document.write_text("A dog runs.\nTwo men talk.\n")
     # No export is needed: the check comes first.
     _refused(["translate", "--export", str(tmp_path / "missing"), "--input", str(document),
-              "--output", str(document)], "doc.txt", "input")
+              "--output", str(document)], "doc.txt is the --input file")
     assert document.read_text() == "A dog runs.\nTwo men talk.\n"
 
 
@@ -107,3 +107,11 @@ def test_evaluate_refuses_a_split_of_an_export_that_records_no_data(tmp_path):
         json.dumps({"decoding": {"search": "beam"}, "exported_at": "2026-11-27T00:00:00Z"}))
     _refused(["evaluate", "--export", str(tmp_path / "export"), "--split", "test"],
              "records no data source", "--src")
+
+    # An export that records its languages (written from Python with them) is not refused.
+    (version / "assets.extra" / "translator.json").write_text(json.dumps(
+        {"decoding": {}, "source_lang": "en", "target_lang": "de"}))
+    # It gets as far as loading the (empty, so unloadable) SavedModel.
+    message = _refused(["evaluate", "--export", str(tmp_path / "export"), "--split", "test"],
+                       "keras-transformer evaluate")
+    assert "records no data source" not in message and "SavedModel" in message

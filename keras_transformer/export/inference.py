@@ -6,6 +6,7 @@ SentencePiece ops the graph uses) and calls one of its signatures, exactly what 
 does with the same directory.
 """
 
+import gzip
 import itertools
 import json
 import pathlib
@@ -15,7 +16,6 @@ import time
 import tensorflow as tf
 import tensorflow_text  # noqa: F401  (registers the SentencePiece ops of the exported graph)
 
-from keras_transformer.data.readers import open_binary
 from keras_transformer.export.saved_model import latest_version_dir
 
 # The input of every exported signature and its outputs (see docs/CONTRACTS.md).
@@ -259,6 +259,13 @@ def iter_lines(path_or_dash):
         return
     with open_binary(path_or_dash) as stream:
         yield from _decoded_lines(stream)
+
+
+def open_binary(path):
+    """A plain or `.gz` file opened for bytes (as `train` reads its files; not imported from
+    `keras_transformer.data`, which would load TensorFlow Datasets into every translator)."""
+    path = str(path)
+    return gzip.open(path, "rb") if path.endswith(".gz") else open(path, "rb")
 
 
 def _decoded_lines(stream):

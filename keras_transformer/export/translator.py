@@ -160,6 +160,8 @@ def _check_vocabularies(parts, source_tokenizer, target_tokenizer):
     for side, tokenizer, embedding in (("source", source_tokenizer, parts.source_embedding),
                                        ("target", target_tokenizer, parts.target_embedding)):
         size = getattr(tokenizer, "vocab_size", None)
+        if callable(size):  # tensorflow_text's tokenizers: a method
+            size = size()
         if size is not None and int(size) != embedding.vocab_size:
             raise ValueError(
                 f"The {side} tokenizer has {int(size)} pieces but the model's {side} "

@@ -132,8 +132,8 @@ def train_sentencepiece(
     try:
         spm.SentencePieceTrainer.train(**options)
     except RuntimeError as error:
-        if "Vocabulary size" not in str(error):
-            raise
+        if "Vocabulary size too high" not in str(error):
+            raise  # e.g. a vocabulary too small for the corpus's characters
         # "Vocabulary size too high (8000). Please set it to a value <= N."
         raise ValueError(
             f"The training sentences cannot fill a vocabulary of vocab_size={vocab_size} "

@@ -4,6 +4,7 @@ import glob
 import importlib.util
 import json
 import logging
+import math
 import os
 import re
 import time
@@ -215,6 +216,8 @@ class ModelSaver(keras.callbacks.Callback):
                                self.filepath)
                 return
             value = float(value)
+            if math.isnan(value):
+                return
             if self.best is not None and not (
                     value < self.best if self.mode == "min" else value > self.best):
                 return
@@ -739,7 +742,9 @@ def make_callbacks(
     callbacks.append(ModelSaver(os.path.join(checkpoint_dir, "last" + suffix)))
     if best_monitor is not None:
         mode = ModelSaver(None, best_monitor, best_mode).mode
-        earlier = [] if run_history is None else run_history.history.get(best_monitor, [])
+        earlier = [value for value in (
+            [] if run_history is None else run_history.history.get(best_monitor, []))
+            if value is not None and not math.isnan(value)]  # epochs without it, NaN
         callbacks.append(ModelSaver(
             os.path.join(checkpoint_dir, "best" + suffix), monitor=best_monitor, mode=mode,
             initial_best=(min if mode == "min" else max)(earlier) if earlier else None))

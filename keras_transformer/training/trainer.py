@@ -226,18 +226,22 @@ class ConfigMismatchError(ValueError):
 
 def is_run_directory(path):
     """Whether `path` is a directory `train` wrote (so `--overwrite` may delete it): its
-    `config.json` and another of `RUN_MARKERS`, or a `config.json` that is a
-    `TrainingConfig` (what a run that failed before its vocabulary leaves)."""
+    `config.json` and another of `RUN_MARKERS`, or nothing but the `config.json` that
+    `train` writes first (every `TrainingConfig` field: what a run that failed before its
+    vocabulary leaves; a hand-written config names only some fields)."""
     path = pathlib.Path(path)
     if not (path.is_dir() and (path / "config.json").is_file()):
         return False
     if any((path / name).exists() for name in RUN_MARKERS if name != "config.json"):
         return True
-    try:
-        TrainingConfig.from_file(path / "config.json")
-    except (ValueError, TypeError, OSError):
+    if [entry.name for entry in path.iterdir()] != ["config.json"]:
         return False
-    return True
+    try:
+        values = json.loads((path / "config.json").read_text())
+    except (ValueError, OSError):
+        return False
+    fields = {field.name for field in dataclasses.fields(TrainingConfig)}
+    return isinstance(values, dict) and set(values) == fields
 
 
 def check_resumable(config, run_dir):

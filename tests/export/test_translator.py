@@ -539,6 +539,13 @@ def test_translator_refuses_tokenizers_of_another_vocabulary(small_tokenizer):
         Translator(build_transformer(size, target_vocab_size=size - 4, tie_embeddings=False,
                                      **small), small_tokenizer, small_tokenizer)
 
+    class MethodSized:  # tensorflow_text's tokenizers have a vocab_size() method
+        def vocab_size(self):
+            return size + 8
+
+    with pytest.raises(ValueError, match=f"source tokenizer has {size + 8} .* {size}"):
+        Translator(build_transformer(size, **small), MethodSized(), small_tokenizer)
+
 
 def test_translator_takes_a_list_of_sentences_and_a_decoding_config(small_tokenizer):
     from keras_transformer.export import Translator

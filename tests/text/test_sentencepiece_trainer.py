@@ -45,3 +45,12 @@ def test_a_vocabulary_the_corpus_cannot_fill_is_a_clear_error(tmp_path):
                             vocab_size=8000)
     assert "<=" in str(error.value)  # SentencePiece's bound, kept
     assert not (tmp_path / "x.model").exists()
+
+
+def test_a_vocabulary_too_small_for_the_characters_keeps_sentencepieces_error(tmp_path):
+    # Not "too high": the advice to take a smaller vocabulary would be the wrong way round.
+    import pytest
+
+    with pytest.raises(RuntimeError, match="Vocabulary size"):
+        train_sentencepiece(["A dog runs.", "Ein Hund rennt."] * 20, tmp_path / "x.model",
+                            vocab_size=10, byte_fallback=True)

@@ -491,3 +491,20 @@ def test_the_best_bleu_checkpoint_is_replaced_whole_or_not_at_all(tmp_path, monk
         callback.on_epoch_end(1, {})  # a better BLEU: it saves
     assert open(best_path, "rb").read() == before
     assert sorted(os.listdir(tmp_path)) == ["best.keras", "best.keras.json"]
+
+
+def test_the_best_so_far_skips_epochs_without_the_value_and_nan(tmp_path):
+    # RunHistory pads a metric logged only on some epochs with None; a NaN loss must not
+    # become a best that nothing can beat.
+    history = RunHistory(str(tmp_path / "history.json"),
+                         initial={"history": {"val_bleu": [None, 30.0, None, float("nan")]},
+                                  "epoch_seconds": [1.0] * 4})
+    callbacks = make_callbacks(str(tmp_path), best_monitor="val_bleu", tensorboard=False,
+                               run_history=history)
+    best = _checkpoint(callbacks, "best.keras")
+    assert best.best == 30.0 and best.mode == "max"
+    best.set_model(build_stand_in_model())
+    best.on_epoch_end(4, {"val_bleu": float("nan")})
+    assert best.best == 30.0 and not os.path.exists(tmp_path / "checkpoints" / "best.keras")
+    best.on_epoch_end(5, {"val_bleu": 31.0})
+    assert os.path.exists(tmp_path / "checkpoints" / "best.keras")

@@ -179,8 +179,19 @@ def test_epoch_seeds_differ_per_epoch_and_do_not_depend_on_the_process():
 
 def test_run_directory_detection(tmp_path):
     assert not is_run_directory(tmp_path)
+    (tmp_path / "config.json").write_text("{}")
+    assert not is_run_directory(tmp_path)  # a config alone is not a run
     (tmp_path / "config.json").write_text('{"name": "my project"}')
     assert not is_run_directory(tmp_path)  # another program's config.json
+    # A hand-written TrainingConfig (some fields) is not what `train` writes (all of them).
+    (tmp_path / "config.json").write_text('{"preset": "quick", "epochs": 3}')
+    assert not is_run_directory(tmp_path)
+    # `train`'s own config, but beside the user's files: not only a failed run's leftover.
+    get_preset("tiny").to_file(tmp_path / "config.json")
+    (tmp_path / "corpus.txt").write_text("precious")
+    assert not is_run_directory(tmp_path)
+    (tmp_path / "corpus.txt").unlink()
+    assert is_run_directory(tmp_path)
     (tmp_path / "history.json").write_text("{}")
     assert is_run_directory(tmp_path)
 
