@@ -194,10 +194,7 @@ def _check_budget_and_workers(config):
     the way out, before TensorFlow starts a strategy or anything is read."""
     from keras_transformer.training.strategy import num_workers_from_tf_config
 
-    try:
-        workers = num_workers_from_tf_config()
-    except ValueError as error:
-        raise SystemExit(str(error))
+    workers = num_workers_from_tf_config()  # a malformed TF_CONFIG: main() reports it
     if workers > 1 and config.time_budget_minutes is not None:
         raise SystemExit(
             f"This configuration trains for a time budget (time_budget_minutes="
@@ -271,10 +268,7 @@ def cmd_export(args):
     from keras_transformer.export import DecodingConfig, Translator, export_translator, load_run
     from keras_transformer.export.saved_model import check_base_dir
 
-    try:
-        check_base_dir(args.out)  # before the model loads
-    except ValueError as error:
-        raise SystemExit(f"keras-transformer export: {error}") from None
+    check_base_dir(args.out)  # before the model loads
 
     # The settings are checked before the model is loaded, so a bad flag fails at once.
     try:

@@ -27,7 +27,7 @@ import numpy as np
 import tensorflow as tf
 
 from keras_transformer.data.pipeline import batch_plan, count_batches
-from keras_transformer.data.readers import DataError, SplitReport
+from keras_transformer.data.readers import DataError, SplitReport, write_json_atomically
 from keras_transformer.data.sources import open_source
 
 # File of the data report in a run directory.
@@ -86,10 +86,7 @@ class DataReport:
     def save(self, path):
         """Writes the report as JSON, into a temporary file renamed when complete (a kill
         during the write leaves the previous file or none)."""
-        path = pathlib.Path(path)
-        temporary = path.with_name(path.name + ".tmp")
-        temporary.write_text(json.dumps(dataclasses.asdict(self), indent=2))
-        temporary.replace(path)
+        write_json_atomically(path, dataclasses.asdict(self), indent=2)
 
     @classmethod
     def load(cls, path):

@@ -29,6 +29,7 @@ Leading and trailing whitespace is removed from every sentence.
 
 import dataclasses
 import gzip
+import json
 import os
 
 # UTF-8 encoding of U+FEFF, which some editors write at the start of a file.
@@ -78,6 +79,15 @@ class SplitReport:
             + (f", lines repaired: {repaired}" if repaired else "")
             + f"  [{self.origin}]"
         )
+
+
+def write_json_atomically(path, value, **dump_options):
+    """`json.dump(value)` into `path + ".tmp"`, renamed over `path` once complete: a kill
+    during the write leaves the previous file (or none), never half of one."""
+    temporary = f"{os.fspath(path)}.tmp"
+    with open(temporary, "w", encoding="utf-8") as f:
+        json.dump(value, f, **dump_options)
+    os.replace(temporary, path)
 
 
 def open_binary(path):

@@ -173,12 +173,11 @@ class ParallelSource:
         source_lang, target_lang = self.source_lang, self.target_lang
 
         def chunks():
-            if errors is None:
-                yield from pair_chunks()
-                return
             try:
                 yield from pair_chunks()
             except DataError as error:
+                if errors is None:
+                    raise
                 errors.append(error)
 
         def pair_chunks():

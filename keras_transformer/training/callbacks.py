@@ -13,6 +13,7 @@ import keras
 import numpy as np
 import sacrebleu
 
+from keras_transformer.data.readers import write_json_atomically
 from keras_transformer.training.schedules import cooldown_steps
 
 logger = logging.getLogger(__name__)
@@ -156,7 +157,7 @@ class BleuCallback(keras.callbacks.Callback):
         if self.best_path is None:
             return
         save_atomically(self.model, self.best_path)
-        _write_json_atomically(self._record_path, {"val_bleu": bleu, "epoch": epoch + 1})
+        write_json_atomically(self._record_path, {"val_bleu": bleu, "epoch": epoch + 1})
 
 
 def save_atomically(model, path):
@@ -178,13 +179,6 @@ def save_atomically(model, path):
             os.remove(temporary)
 
 
-def _write_json_atomically(path, value):
-    temporary = f"{path}.tmp"
-    with open(temporary, "w", encoding="utf-8") as f:
-        json.dump(value, f)
-    os.replace(temporary, path)
-
-
 class ModelSaver(keras.callbacks.Callback):
     """Saves the model (or its weights) after every epoch, or with `monitor` only when the
     monitored value beats the best so far; each save atomic (`save_atomically`).
@@ -197,16 +191,19 @@ class ModelSaver(keras.callbacks.Callback):
         filepath: str, a `.keras` (the model) or `.weights.h5` (its weights) path.
         monitor: str or None, a logged quantity; None saves every epoch.
         mode: `"min"`, `"max"` or `"auto"` (max for accuracies and BLEU, else min).
-        initial_best: float or None, the value to beat (a resumed run's best so far).
+        earlier: the monitored values of earlier epochs (a resumed run's), the best of them
+            to beat; None (an epoch without the value) and NaN are skipped.
     """
 
-    def __init__(self, filepath, monitor=None, mode="auto", initial_best=None):
+    def __init__(self, filepath, monitor=None, mode="auto", earlier=()):
         super().__init__()
         if mode not in ("auto", "min", "max"):
             raise ValueError(f"mode must be 'auto', 'min' or 'max', got {mode!r}.")
         if mode == "auto":
             mode = "max" if monitor and ("acc" in monitor or "bleu" in monitor) else "min"
-        self.filepath, self.monitor, self.mode, self.best = filepath, monitor, mode, initial_best
+        earlier = [v for v in earlier if v is not None and not math.isnan(v)]
+        self.filepath, self.monitor, self.mode = filepath, monitor, mode
+        self.best = (min if mode == "min" else max)(earlier) if earlier else None
 
     def on_epoch_end(self, epoch, logs=None):
         if self.monitor is not None:
@@ -282,10 +279,7 @@ class RunHistory(keras.callbacks.Callback):
         for values in self.history.values():
             values.extend([None] * (epochs - len(values)))
         os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
-        temporary = self.path + ".tmp"
-        with open(temporary, "w", encoding="utf-8") as f:
-            json.dump(self.record(), f, indent=2)
-        os.replace(temporary, self.path)  # never a half-written file after a kill
+        write_json_atomically(self.path, self.record(), indent=2)
 
     def record(self):
         """The dict written to the file."""
@@ -695,9 +689,8 @@ def make_callbacks(
         best_monitor: string or `None`, a logged quantity to keep the best checkpoint by.
             Defaults to `None` (keep only the latest).
         best_mode: string or `None`, `"auto"`, `"min"` or `"max"` for `best_monitor`.
-            `None` means `"max"` for a BLEU monitor and Keras' `"auto"` otherwise
-            (which would treat an unknown name like `val_bleu` as "lower is better").
-            Defaults to `None`.
+            `None` means `"auto"` (`ModelSaver`'s: max for accuracies and BLEU, else
+            min). Defaults to `None`.
         save_weights_only: bool, save `.weights.h5` instead of `.keras` files.
             Defaults to `False`.
         tensorboard_update_freq: `"epoch"`, `"batch"` or int, how often TensorBoard
@@ -733,21 +726,16 @@ def make_callbacks(
     >>> sorted(os.listdir("run2/checkpoints"))
     ['best.keras', 'last.keras']
     """
-    if best_mode is None:
-        best_mode = "max" if best_monitor and "bleu" in best_monitor else "auto"
     suffix = _WEIGHTS_SUFFIX if save_weights_only else _MODEL_SUFFIX
     checkpoint_dir = os.path.join(output_dir, "checkpoints")
     os.makedirs(checkpoint_dir, exist_ok=True)
     callbacks = [] if bleu_callback is None else [bleu_callback]
     callbacks.append(ModelSaver(os.path.join(checkpoint_dir, "last" + suffix)))
     if best_monitor is not None:
-        mode = ModelSaver(None, best_monitor, best_mode).mode
-        earlier = [value for value in (
-            [] if run_history is None else run_history.history.get(best_monitor, []))
-            if value is not None and not math.isnan(value)]  # epochs without it, NaN
         callbacks.append(ModelSaver(
-            os.path.join(checkpoint_dir, "best" + suffix), monitor=best_monitor, mode=mode,
-            initial_best=(min if mode == "min" else max)(earlier) if earlier else None))
+            os.path.join(checkpoint_dir, "best" + suffix), monitor=best_monitor,
+            mode=best_mode or "auto",
+            earlier=[] if run_history is None else run_history.history.get(best_monitor, [])))
     if keep_checkpoints:
         callbacks.append(EpochCheckpoints(checkpoint_dir, keep_checkpoints))
     tensorboard_installed = importlib.util.find_spec("tensorboard") is not None

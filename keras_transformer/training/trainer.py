@@ -25,6 +25,7 @@ from keras_transformer.data.preparation import (
     open_run_source,
     prepare_data_report,
 )
+from keras_transformer.data.readers import write_json_atomically
 from keras_transformer.model import build_transformer
 from keras_transformer.text import load_tokenizers, train_tokenizers
 from keras_transformer.text.subword_sampling import SegmentationSampler
@@ -502,9 +503,7 @@ def train(
     replicas = strategy.num_replicas_in_sync
     if chief:
         # Atomically: other workers may read it (a shared filesystem) at this moment.
-        temporary = output_dir / "config.json.tmp"
-        temporary.write_text(json.dumps(config.to_dict(), indent=2))
-        temporary.replace(output_dir / "config.json")
+        write_json_atomically(output_dir / "config.json", config.to_dict(), indent=2)
 
     splits = {split: source.dataset(split) if split in source.splits() else None
               for split in ("train", "validation")}

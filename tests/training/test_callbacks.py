@@ -429,6 +429,13 @@ def test_late_dropout_rejects_bad_arguments():
         LateDropout(0.3, epoch=2, min_epochs=10)
 
 
+def _failing_save(filepath, *args, **kwargs):
+    """A save that writes half a file, then fails (a full disk)."""
+    with open(filepath, "wb") as stream:
+        stream.write(b"half a zip")
+    raise OSError("No space left on device")
+
+
 def _checkpoint(callbacks, name):
     return next(c for c in callbacks if getattr(c, "filepath", "").endswith(name))
 
@@ -462,12 +469,7 @@ def test_a_checkpoint_save_that_fails_leaves_the_previous_one(tmp_path, monkeypa
     path = tmp_path / "checkpoints" / name
     before = path.read_bytes()
 
-    def failing_save(filepath, *args, **kwargs):
-        with open(filepath, "wb") as stream:
-            stream.write(b"half a zip")
-        raise OSError("No space left on device")
-
-    monkeypatch.setattr(model, "save", failing_save)
+    monkeypatch.setattr(model, "save", _failing_save)
     with pytest.raises(OSError, match="No space"):
         checkpoint.on_epoch_end(1, {"loss": 1.0})
     assert path.read_bytes() == before
@@ -481,12 +483,7 @@ def test_the_best_bleu_checkpoint_is_replaced_whole_or_not_at_all(tmp_path, monk
     model, _ = _tiny_fit([callback], epochs=1)
     before = open(best_path, "rb").read()
 
-    def failing_save(filepath, *args, **kwargs):
-        with open(filepath, "wb") as stream:
-            stream.write(b"half a zip")
-        raise OSError("No space left on device")
-
-    monkeypatch.setattr(model, "save", failing_save)
+    monkeypatch.setattr(model, "save", _failing_save)
     with pytest.raises(OSError, match="No space"):
         callback.on_epoch_end(1, {})  # a better BLEU: it saves
     assert open(best_path, "rb").read() == before
