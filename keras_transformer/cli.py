@@ -4,6 +4,7 @@ Also `python -m keras_transformer ...`. Each subcommand prints `--help`.
 """
 
 import argparse
+import contextlib
 import json
 import os
 import pathlib
@@ -163,14 +164,15 @@ def _set_worker_tf_config(args):
 def _overwrite(output, worker_index):
     """Deletes a previous run for `--overwrite`, refusing anything that is not a run.
 
-    Worker 0 (the chief) deletes the run directory's contents but the other workers'
-    private directories, which each worker deletes itself: workers start at the same
-    time, and the chief must not delete what another has begun to write.
+    The chief (`worker_index` None) deletes the run directory's contents but the other
+    workers' private directories, which each worker deletes itself (`worker_index`, its task
+    id): workers start at the same time, and the chief must not delete what another has
+    begun to write.
     """
     from keras_transformer.training.strategy import WORKER_TEMP_PREFIX
     from keras_transformer.training.trainer import is_run_directory
 
-    if worker_index:
+    if worker_index is not None:
         shutil.rmtree(output / f"{WORKER_TEMP_PREFIX}{worker_index}", ignore_errors=True)
         return
     if not output.exists():
@@ -189,26 +191,7 @@ def _overwrite(output, worker_index):
             entry.unlink()
 
 
-def _check_budget_and_workers(config):
-    """Several workers cannot share a time budget (the trainer refuses it): say so, with
-    the way out, before TensorFlow starts a strategy or anything is read."""
-    from keras_transformer.training.strategy import num_workers_from_tf_config
-
-    workers = num_workers_from_tf_config()  # a malformed TF_CONFIG: main() reports it
-    if workers > 1 and config.time_budget_minutes is not None:
-        raise SystemExit(
-            f"This configuration trains for a time budget (time_budget_minutes="
-            f"{config.time_budget_minutes:g}), which {workers} workers cannot share: each "
-            "would time its own epochs and they could disagree on the last one. Train a "
-            "fixed number of epochs instead: --set time_budget_minutes=null epochs=N."
-        )
-
-
-def cmd_train(args):
-    worker_index = _set_worker_tf_config(args)
-    config = _load_config(args)
-    _check_budget_and_workers(config)
-    output = pathlib.Path(args.output)
+def _overwrite_and_train(args, config, output, worker_index):
     if args.overwrite:
         _overwrite(output, worker_index)
     elif (output / "backup").exists():
@@ -216,13 +199,13 @@ def cmd_train(args):
     from keras_transformer.training.trainer import ConfigMismatchError, check_resumable, train
 
     try:
-        if not worker_index:  # another worker checks its own directory inside `train`
+        if worker_index is None:  # another worker checks its own directory inside `train`
             check_resumable(config, output)
     except ConfigMismatchError as error:
         raise SystemExit(str(error))
 
     search = "beam" if config.beam_size > 1 else "greedy"
-    run = train(
+    return train(
         config,
         output,
         data_dir=args.tfds_dir,
@@ -231,6 +214,21 @@ def cmd_train(args):
         make_translate_fn=_make_translate_fn(search, config.beam_size, config.length_penalty,
                                              config.max_length + 16),
     )
+
+
+def cmd_train(args):
+    _set_worker_tf_config(args)
+    config = _load_config(args)
+    output = pathlib.Path(args.output)
+    from keras_transformer.training.strategy import task_from_tf_config
+    from keras_transformer.training.trainer import hold_run_directory
+
+    # The task as TF_CONFIG names it (set by --worker-index or by a cluster manager).
+    chief, task_id = task_from_tf_config()
+    # The chief holds the run directory from before `--overwrite` deletes anything in it
+    # (another worker's directory is its own, which `train` holds).
+    with hold_run_directory(output) if chief else contextlib.nullcontext():
+        run = _overwrite_and_train(args, config, output, None if chief else task_id)
     if not run.epochs_trained:
         print(f"Reusing the finished run in {output} (make run FRESH=1 or --overwrite starts "
               "over)", flush=True)

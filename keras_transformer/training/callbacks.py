@@ -239,6 +239,10 @@ class RunHistory(keras.callbacks.Callback):
         path: string, the JSON file (e.g. `<run>/history.json`).
         initial: dict or `None`, the record of the epochs already trained (see
             `read_run_history`). Defaults to `None` (a new run).
+        reduce_seconds: callable `float -> float` or `None`: each epoch's wall time is
+            recorded as `reduce_seconds(seconds)`. Several workers pass
+            `keras_transformer.training.strategy.slowest_worker(strategy)`, so that every worker's record, and what a
+            time budget plans from it, holds the same times. Defaults to `None`.
 
     Example:
 
@@ -251,9 +255,10 @@ class RunHistory(keras.callbacks.Callback):
     (2, 2)
     """
 
-    def __init__(self, path, initial=None):
+    def __init__(self, path, initial=None, reduce_seconds=None):
         super().__init__()
         self.path = str(path)
+        self.reduce_seconds = reduce_seconds
         initial = initial or {}
         self.history = {k: list(v) for k, v in initial.get("history", {}).items()}
         self.epoch_seconds = list(initial.get("epoch_seconds", []))
@@ -268,7 +273,10 @@ class RunHistory(keras.callbacks.Callback):
         self._epoch_started = time.time()
 
     def on_epoch_end(self, epoch, logs=None):
-        self.epoch_seconds.append(time.time() - self._epoch_started)
+        seconds = time.time() - self._epoch_started
+        if self.reduce_seconds is not None:
+            seconds = self.reduce_seconds(seconds)
+        self.epoch_seconds.append(seconds)
         epochs = len(self.epoch_seconds)
         for key, value in (logs or {}).items():
             # A metric first logged in a later epoch (val_bleu every n epochs) is padded

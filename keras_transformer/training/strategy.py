@@ -107,10 +107,42 @@ def is_chief(strategy):
     task_type, task_id = task_of(strategy)
     if task_type is None:
         return True
-    if task_type == "chief":
-        return True
-    cluster = strategy.cluster_resolver.cluster_spec().as_dict()
-    return task_type == "worker" and task_id == 0 and "chief" not in cluster
+    return _is_chief_task(strategy.cluster_resolver.cluster_spec().as_dict(), task_type,
+                          task_id)
+
+
+def _is_chief_task(cluster, task_type, task_id):
+    return task_type == "chief" or (
+        task_type == "worker" and task_id == 0 and "chief" not in cluster)
+
+
+def task_from_tf_config(tf_config=None):
+    """This process's task in the cluster of `TF_CONFIG`, read without starting TensorFlow.
+
+    Args:
+        tf_config: string or `None`, the JSON of `TF_CONFIG`; `None` reads the environment
+            variable.
+
+    Returns:
+        `(is_chief, task_id)`: `(True, None)` without a cluster of several workers.
+
+    Raises:
+        ValueError: if `TF_CONFIG` is not valid JSON.
+
+    Example:
+
+    >>> task_from_tf_config('{"cluster": {"worker": ["a:1", "b:1"]}, '
+    ...                     '"task": {"type": "worker", "index": 1}}')
+    (False, 1)
+    """
+    if tf_config is None:
+        tf_config = os.environ.get("TF_CONFIG", "")
+    if num_workers_from_tf_config(tf_config) <= 1:
+        return True, None
+    config = json.loads(tf_config)
+    task = config.get("task", {})
+    task_type, task_id = task.get("type"), int(task.get("index", 0))
+    return _is_chief_task(config.get("cluster", {}), task_type, task_id), task_id
 
 
 def worker_write_dir(output_dir, strategy):
@@ -135,6 +167,42 @@ def worker_write_dir(output_dir, strategy):
         return output_dir
     task_type, task_id = task_of(strategy)
     return output_dir / f"{WORKER_TEMP_PREFIX}{task_id}"
+
+
+def slowest_worker(strategy):
+    """A function `seconds -> seconds` that every worker calls with its own epoch time and
+    that returns the largest of them, the same on every worker; `None` outside a cluster.
+
+    Workers time their epochs differently (the chief alone computes validation BLEU;
+    a slower or busier machine makes the others wait inside their next epoch), so a time
+    budget each worker planned from its own clock could stop one worker while another
+    trains on, waiting forever in its next all-reduce. Every worker records instead the
+    slowest worker's time (`RunHistory(reduce_seconds=...)`), so the budget's decisions,
+    which depend only on the recorded times, are the same everywhere. It is a collective
+    op: every worker must call it, at the same point of the run (the end of each epoch).
+
+    Args:
+        strategy: a `tf.distribute.Strategy`.
+
+    Returns:
+        A callable `float -> float`, or `None` for a single-process strategy.
+    """
+    if task_of(strategy)[0] is None:
+        return None
+    replicas = strategy.num_replicas_in_sync
+
+    def reduce(seconds):
+        def own_slot():
+            # Each replica writes its worker's time into its own slot; the sum of the
+            # vectors holds every replica's, exactly (the other slots add zeros).
+            index = tf.distribute.get_replica_context().replica_id_in_sync_group
+            return tf.one_hot(index, replicas, on_value=tf.constant(seconds, tf.float64),
+                              dtype=tf.float64)
+
+        every = strategy.reduce(tf.distribute.ReduceOp.SUM, strategy.run(own_slot), axis=None)
+        return float(tf.reduce_max(every))
+
+    return reduce
 
 
 def shard_by_data(dataset):

@@ -6,10 +6,14 @@ The run directory layout is the contract with export (see `keras_transformer/exp
 training), `model.keras`, `history.json` (every epoch's logs and time, over all attempts).
 """
 
+import contextlib
 import dataclasses
+import errno
+import fcntl
 import itertools
 import json
 import logging
+import os
 import pathlib
 import shutil
 import sys
@@ -47,7 +51,7 @@ from keras_transformer.training.strategy import (
     is_chief,
     select_strategy,
     shard_by_data,
-    task_of,
+    slowest_worker,
     worker_write_dir,
 )
 
@@ -223,6 +227,66 @@ _EPOCH_SEED_STRIDE = 1_000_003
 
 class ConfigMismatchError(ValueError):
     """A run directory was trained with another configuration than the one given."""
+
+
+class RunInUseError(ValueError):
+    """Another process is training into the run directory."""
+
+
+# Run directories this process holds: {real path: (descriptor, depth)}.
+_HELD_RUNS = {}
+
+
+@contextlib.contextmanager
+def hold_run_directory(path):
+    """Holds `path` (created if missing) for one training process while the block runs.
+
+    Two processes training into one directory would overwrite each other's checkpoints,
+    history and backup, and `--overwrite` would delete a running run's files under it.
+    The lock is the kernel's `flock` on the directory itself: no lock file to leave
+    behind, and a process that dies, however it dies, releases it (so a machine or pod
+    restarted with another host name and process id never finds a stale lock). The same
+    process may take it again (the command line holds it around `train`, which takes it
+    too). A filesystem without `flock` on directories (some network filesystems) is
+    trained into unlocked, with a warning.
+
+    Args:
+        path: path-like, the run directory.
+
+    Raises:
+        RunInUseError: if another process holds it.
+    """
+    path = pathlib.Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    key = os.path.realpath(path)
+    if key in _HELD_RUNS:
+        descriptor, depth = _HELD_RUNS[key]
+        _HELD_RUNS[key] = (descriptor, depth + 1)
+    else:
+        descriptor = os.open(key, os.O_RDONLY)
+        try:
+            fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as error:
+            if error.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
+                os.close(descriptor)
+                logger.warning("Cannot lock %s (%s): nothing stops another process from "
+                               "training into it meanwhile.", path, error)
+                yield
+                return
+            os.close(descriptor)
+            raise RunInUseError(
+                f"Another process is training into {path}: wait for it to end, or choose "
+                "another --output.") from None
+        _HELD_RUNS[key] = (descriptor, 1)
+    try:
+        yield
+    finally:
+        descriptor, depth = _HELD_RUNS[key]
+        if depth > 1:
+            _HELD_RUNS[key] = (descriptor, depth - 1)
+        else:
+            del _HELD_RUNS[key]
+            os.close(descriptor)  # releases the lock
 
 
 def is_run_directory(path):
@@ -445,17 +509,17 @@ def train(
     """
     if isinstance(strategy, str):
         strategy = select_strategy(strategy)
-    if config.time_budget_minutes is not None and task_of(strategy)[0] is not None:
-        # Each worker would time its own epochs: were they to disagree on the last one,
-        # the others would wait forever at the next all-reduce.
-        raise ValueError(
-            "`time_budget_minutes` is not supported with several workers (they could "
-            "disagree on when to stop); set `epochs` instead."
-        )
     output_dir = pathlib.Path(output_dir)
-    chief = is_chief(strategy)
     write_dir = worker_write_dir(output_dir, strategy)
-    write_dir.mkdir(parents=True, exist_ok=True)
+    with hold_run_directory(write_dir):
+        return _train(config, output_dir, write_dir, strategy, data_dir, local_dir,
+                      make_translate_fn, report_padding, verbose, callbacks)
+
+
+def _train(config, output_dir, write_dir, strategy, data_dir, local_dir, make_translate_fn,
+           report_padding, verbose, callbacks):
+    """`train`'s work, once this process holds `write_dir`."""
+    chief = is_chief(strategy)
     source = open_run_source(config, local_dir=local_dir, tfds_dir=data_dir)
     # A TFDS source may have chosen the languages: the run records the ones used.
     config = config.replace(source_lang=source.source_lang, target_lang=source.target_lang)
@@ -563,7 +627,10 @@ def train(
             best_path=str(write_dir / "checkpoints" / "best.keras"),
             batch_size=_BLEU_BATCH_SIZE,
         )
-    run_history = RunHistory(write_dir / "history.json", initial=previous)
+    # Several workers record the slowest one's epoch times, so that a time budget (and the
+    # cooldown and late dropout it plans) decides the same on all of them.
+    run_history = RunHistory(write_dir / "history.json", initial=previous,
+                             reduce_seconds=slowest_worker(strategy))
     run_callbacks = make_callbacks(
         str(write_dir),
         bleu_callback=bleu_callback,

@@ -163,6 +163,23 @@ def test_run_history_accumulates_over_processes(tmp_path):
     assert resumed["train_seconds"] == pytest.approx(sum(resumed["epoch_seconds"]))
 
 
+def test_run_history_records_the_time_its_reducer_agrees_on(tmp_path):
+    # Several workers each time their epochs; what they record (and plan budgets by) is
+    # the slowest worker's time, the same number in every worker's history.
+    path = tmp_path / "history.json"
+    seen = []
+
+    def slowest(seconds):
+        seen.append(seconds)
+        return seconds + 100.0  # another worker was 100 s slower
+
+    record = RunHistory(str(path), reduce_seconds=slowest)
+    _tiny_fit([record], epochs=2)
+    assert len(seen) == 2
+    assert read_run_history(path)["epoch_seconds"] == [s + 100.0 for s in seen]
+    assert record.train_seconds == pytest.approx(sum(seen) + 200.0)
+
+
 def test_run_history_pads_metrics_of_some_epochs(tmp_path):
     path = tmp_path / "history.json"
     translator = ScriptedTranslator([["a dog runs ."] * 3] * 2)

@@ -231,3 +231,37 @@ def test_each_worker_reads_a_distinct_part_of_the_epoch(runs, multi30k_tfds_dir,
     assert sum(part_0.values()) == sum(part_1.values()) == 40
     _, best = counted("shard-all", "best")
     assert (whole == best) == (subword_nbest == 1)
+
+
+def test_workers_share_one_time_budget(tmp_path, multi30k_tfds_dir):
+    # Each worker times its own epochs, and they differ: the chief alone computes
+    # validation BLEU inside its epoch while the others wait for it outside theirs, a
+    # slower machine likewise. Here worker 1's epoch 2 ends 45 s late by its own clock;
+    # with a 1.5-minute budget over 3 epochs, that clock says stop after epoch 2, and
+    # worker 0's own (which spent the 45 s waiting between epochs) would train a third,
+    # alone, forever waiting for its peer. The clock they share is the slowest worker's
+    # epoch: both stop after epoch 2.
+    slow = 45
+    ports = free_ports(2)
+    workers = ",".join(f"127.0.0.1:{p}" for p in ports)
+    run = tmp_path / "budget"
+    args = ["train", "--preset", "tiny", "--output", str(run), "--tfds-dir",
+            str(multi30k_tfds_dir), "--set", "epochs=3", "time_budget_minutes=1.5"]
+    commands = [
+        [sys.executable, str(_HERE / "worker_child.py"), *slower, "--", *args,
+         "--worker-index", str(index), "--workers", workers]
+        for index, slower in enumerate([[], ["--slow-epoch", f"2:{slow}"]])
+    ]
+    processes = []
+    try:
+        processes = _start_workers(commands, tmp_path, "budget")
+        codes = _wait(processes)
+    finally:
+        stop_processes(processes)
+    logs = [(tmp_path / f"budget-{i}.log").read_text() for i in range(2)]
+    assert codes == [0, 0], [log[-3000:] for log in logs]
+    history = json.loads((run / "history.json").read_text())
+    assert history["epochs"] == 2, history["epoch_seconds"]
+    assert history["epoch_seconds"][1] >= slow  # worker 1's epoch, on the chief's record
+    for log in logs:
+        assert "after epoch 2; the next epoch" in log and "training stops here" in log

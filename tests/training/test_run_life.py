@@ -9,7 +9,6 @@ import sys
 
 import numpy as np
 import pytest
-import tensorflow as tf
 
 from keras_transformer.training import get_preset
 from keras_transformer.training.callbacks import read_run_history
@@ -145,19 +144,9 @@ def test_time_budget_leaves_out_the_first_epoch_once_another_is_timed():
     assert time_budget_reached([30.0, 20.0], 1.1)  # 70 s > 66 s
 
 
-def test_time_budget_is_validated_and_refused_with_several_workers(tmp_path):
+def test_time_budget_is_validated():
     with pytest.raises(ValueError, match="time_budget_minutes"):
         get_preset("tiny").replace(time_budget_minutes=0)
-
-    class TwoWorkers:  # what `task_of` reads of a MultiWorkerMirroredStrategy
-        cluster_resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
-            tf.train.ClusterSpec({"worker": ["localhost:1", "localhost:2"]}),
-            task_type="worker", task_id=0)
-
-    with pytest.raises(ValueError, match="not supported with several workers"):
-        train(get_preset("tiny").replace(time_budget_minutes=5), tmp_path / "run",
-              strategy=TwoWorkers())
-    assert not (tmp_path / "run").exists()
 
 
 def test_changed_config_is_refused_listing_the_fields(tmp_path):

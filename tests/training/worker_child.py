@@ -1,16 +1,20 @@
 """Child script of the multi-worker tests: `keras-transformer ...` that can die mid-epoch.
 
-Usage: `python worker_child.py [--kill-at EPOCH:BATCH] -- CLI ARGS...`.
+Usage: `python worker_child.py [--kill-at EPOCH:BATCH] [--slow-epoch EPOCH:SECONDS]
+-- CLI ARGS...`.
 
 Runs the command line (`keras_transformer.cli.main`) unchanged, except that with
 `--kill-at E:B` the process SIGKILLs itself after batch B (1-based) of epoch E (1-based),
-like a preempted machine: no cleanup, no exception, no backup of the epoch.
+like a preempted machine: no cleanup, no exception, no backup of the epoch; with
+`--slow-epoch E:S` epoch E (1-based) ends S seconds later, as this worker's clock sees it
+(a sleep just before the run's `RunHistory` times the epoch), like a slower machine.
 """
 
 import argparse
 import os
 import signal
 import sys
+import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
@@ -37,21 +41,40 @@ class KillAt(keras.callbacks.Callback):
             os.kill(os.getpid(), signal.SIGKILL)
 
 
+def slow_epoch_history(epoch, seconds):
+    """The trainer's `RunHistory`, with epoch `epoch` (1-based) `seconds` longer."""
+
+    class SlowEpoch(trainer.RunHistory):
+        def on_epoch_end(self, index, logs=None):
+            if index + 1 == epoch:
+                time.sleep(seconds)
+            super().on_epoch_end(index, logs)
+
+    return SlowEpoch
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--kill-at")
+    parser.add_argument("--slow-epoch")
     parser.add_argument("cli_args", nargs=argparse.REMAINDER)
     args = parser.parse_args()
     cli_args = args.cli_args[1:] if args.cli_args[:1] == ["--"] else args.cli_args
+    extra = []
     if args.kill_at:
         epoch, batch = (int(v) for v in args.kill_at.split(":"))
+        extra.append(KillAt(epoch, batch))
+    if args.slow_epoch:
+        epoch, seconds = args.slow_epoch.split(":")
+        trainer.RunHistory = slow_epoch_history(int(epoch), float(seconds))
+    if extra:
         original = trainer.train
 
-        def train_then_die(*positional, **keywords):
-            keywords["callbacks"] = [*(keywords.get("callbacks") or []), KillAt(epoch, batch)]
+        def train_with_extra(*positional, **keywords):
+            keywords["callbacks"] = [*(keywords.get("callbacks") or []), *extra]
             return original(*positional, **keywords)
 
-        trainer.train = train_then_die
+        trainer.train = train_with_extra
     return cli.main(cli_args)
 
 
