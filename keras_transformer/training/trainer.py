@@ -478,11 +478,15 @@ def train(
       moments). With the same or fewer epochs nothing is trained and the run is loaded.
     - A different configuration (other than `RESUMABLE_FIELDS`) is refused with
       `ConfigMismatchError`.
+    - One process at a time: the call holds its write directory (`hold_run_directory`);
+      another process training into it meanwhile gets `RunInUseError`.
 
     Several machines: under `MultiWorkerMirroredStrategy` (`TF_CONFIG` names the cluster)
     every worker runs this same call; each keeps its part of every global batch
     (`shard_by_data`), only the chief writes `output_dir`, the other workers write to
     `worker_write_dir` (removed at the end) and only the chief computes validation BLEU.
+    A time budget is shared: every worker records the slowest worker's epoch times
+    (`strategy.slowest_worker`), so all of them stop after the same epoch.
 
     Args:
         config: `TrainingConfig`.
