@@ -122,6 +122,29 @@ def saved_model_ops(path):
     return counts
 
 
+def xla_compiled_functions(path):
+    """Names of a SavedModel's library functions marked to compile with XLA
+    (`jit_compile=True`: the `_XlaMustCompile` attribute), which a model server runs only
+    with `--xla_cpu_compilation_enabled=true`.
+
+    Args:
+        path: str or path-like, a SavedModel directory.
+
+    Returns:
+        sorted list of function names.
+    """
+    from tensorflow.core.protobuf import saved_model_pb2
+
+    saved_model = saved_model_pb2.SavedModel()
+    saved_model.ParseFromString((pathlib.Path(path) / "saved_model.pb").read_bytes())
+    return sorted(
+        function.signature.name
+        for meta_graph in saved_model.meta_graphs
+        for function in meta_graph.graph_def.library.function
+        if function.attr["_XlaMustCompile"].b
+    )
+
+
 class OpReport:
     """What `check_export` found: the export's ops and which a server would lack.
 
@@ -133,10 +156,13 @@ class OpReport:
         xla_ops: sorted list, core ops of the tf2xla family (see `summary`).
         missing_in_release: dict `{tensorflow version: sorted list of core ops the export uses
             that that release lacks}`.
+        xla_functions: sorted list, functions that compile with XLA (`--jit` exports): the
+            server needs `--xla_cpu_compilation_enabled=true`.
     """
 
-    def __init__(self, ops, core, text, releases=None):
+    def __init__(self, ops, core, text, releases=None, xla_functions=()):
         self.ops = dict(sorted(ops.items()))
+        self.xla_functions = sorted(xla_functions)
         self.python_ops = sorted(set(ops) & PYTHON_OPS)
         self.unknown_ops = sorted(set(ops) - core - text)
         self.text_ops = sorted(set(ops) & text)
@@ -170,7 +196,14 @@ class OpReport:
             lines.append(f"NOT IN CORE TENSORFLOW OR TF TEXT: {self.unknown_ops}")
         for version, missing in self.missing_in_release.items():
             lines.append(f"missing in TensorFlow {version}: {', '.join(missing) or 'none'}")
-        lines.append("OK for stock TF Serving" if self.ok else "NOT loadable by stock TF Serving")
+        if not self.ok:
+            lines.append("NOT loadable by stock TF Serving")
+        elif self.xla_functions:
+            lines.append("OK for stock TF Serving started with "
+                         "--xla_cpu_compilation_enabled=true "
+                         f"({len(self.xla_functions)} function(s) compile with XLA)")
+        else:
+            lines.append("OK for stock TF Serving")
         return "\n".join(lines)
 
 
@@ -189,7 +222,8 @@ def check_export(path, releases=(), core_and_text=None):
     """
     core, text = core_and_text or serving_ops()
     return OpReport(saved_model_ops(path), core, text,
-                    {version: recorded_ops(version) for version in releases})
+                    {version: recorded_ops(version) for version in releases},
+                    xla_compiled_functions(path))
 
 
 def main(argv=None):

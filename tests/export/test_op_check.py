@@ -95,6 +95,14 @@ def test_default_export_has_no_xla_op_and_jit_export_passes_the_check(copy_task,
     assert "XlaDynamicUpdateSlice" in saved_model_ops(jit)
     report = check_export(jit, releases=[TF_SERVING_VERSION], core_and_text=core_and_text)
     assert report.ok, report.summary()
+    # Loadable, but a server without the XLA flag cannot run it: the verdict says so.
+    assert report.xla_functions
+    assert report.summary().splitlines()[-1] == (
+        "OK for stock TF Serving started with --xla_cpu_compilation_enabled=true "
+        f"({len(report.xla_functions)} function(s) compile with XLA)")
+    plain = check_export(default, releases=[TF_SERVING_VERSION], core_and_text=core_and_text)
+    assert not plain.xla_functions
+    assert plain.summary().splitlines()[-1] == "OK for stock TF Serving"
 
 
 def test_an_op_missing_in_the_compared_release_fails_the_check():
