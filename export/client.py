@@ -18,13 +18,17 @@ tensor.
 Sentences come from the arguments, or one per line from standard input when none is given.
 Requests carry length-sorted batches (`translate_all`), so the server pads little; each
 translation is printed on its own line, in input order (with `--json`, one JSON object per
-line with `translation`, `score` and `length`). Exit status 1 with the server's error
-message when a request fails.
+line with `translation`, `score` and `length`). A request the server cannot take now (its
+batching queue full: UNAVAILABLE, HTTP 503; RESOURCE_EXHAUSTED, HTTP 429; or no connection,
+a server restarting) is sent again after 0.5 s, 1 s, 2 s, ... up to `--retries` times (3 by
+default), each retry said on stderr. Exit status 1 with the server's error message when a
+request fails for good.
 """
 
 import argparse
 import json
 import sys
+import time
 import urllib.error
 import urllib.request
 
@@ -42,8 +46,23 @@ OUTPUT_NAMES = ("translation", "score", "length")
 SORT_BUFFER_BATCHES = 16
 
 
+# HTTP statuses TF Serving gives errors worth sending again: UNAVAILABLE (its batching queue
+# is full, or the model is loading) and RESOURCE_EXHAUSTED.
+RETRYABLE_HTTP_STATUSES = (429, 503)
+RETRYABLE_GRPC_CODES = ("UNAVAILABLE", "RESOURCE_EXHAUSTED")
+FIRST_RETRY_PAUSE = 0.5  # seconds, doubled at every retry
+
+
 class ServerError(RuntimeError):
-    """The model server answered with an error (or did not answer)."""
+    """The model server answered with an error (or did not answer).
+
+    `retryable` says whether the same request may succeed later (a full queue, a server
+    restarting), as opposed to a request it will always refuse.
+    """
+
+    def __init__(self, message, retryable=False):
+        super().__init__(message)
+        self.retryable = retryable
 
 
 def _rest_base(server):
@@ -75,9 +94,10 @@ def predict_rest(sentences, server=DEFAULT_REST_SERVER, model=DEFAULT_MODEL,
             detail = json.loads(detail).get("error", detail)
         except ValueError:
             pass
-        raise ServerError(f"{url} answered HTTP {error.code}: {detail}") from error
+        raise ServerError(f"{url} answered HTTP {error.code}: {detail}",
+                          retryable=error.code in RETRYABLE_HTTP_STATUSES) from error
     except (urllib.error.URLError, OSError) as error:
-        raise ServerError(f"Cannot reach {url}: {error}") from error
+        raise ServerError(f"Cannot reach {url}: {error}", retryable=True) from error
     predictions = document.get("predictions")
     if predictions is None:
         raise ServerError(f"{url} answered without 'predictions': {document}")
@@ -121,7 +141,8 @@ def predict_grpc(sentences, server=DEFAULT_GRPC_SERVER, model=DEFAULT_MODEL,
         try:
             response = stub.Predict(request, timeout=timeout)
         except grpc.RpcError as error:
-            raise ServerError(f"{server} answered {error.code()}: {error.details()}") from error
+            raise ServerError(f"{server} answered {error.code()}: {error.details()}",
+                              retryable=error.code().name in RETRYABLE_GRPC_CODES) from error
     outputs = {name: tf.make_ndarray(response.outputs[name]).tolist() for name in OUTPUT_NAMES}
     return [
         {"translation": t.decode("utf-8", errors="replace"), "score": float(s), "length": int(n)}
@@ -129,13 +150,33 @@ def predict_grpc(sentences, server=DEFAULT_GRPC_SERVER, model=DEFAULT_MODEL,
     ]
 
 
+def predict_with_retries(predict, batch, retries=3, sleep=time.sleep, **predict_kwargs):
+    """`predict(batch, **predict_kwargs)`, sent again after a retryable `ServerError`.
+
+    Waits `FIRST_RETRY_PAUSE` seconds before the first retry, twice as long before each next
+    one, at most `retries` retries; says each on stderr. The last error is raised.
+    """
+    pause = FIRST_RETRY_PAUSE
+    for attempt in range(retries + 1):
+        try:
+            return predict(batch, **predict_kwargs)
+        except ServerError as error:
+            if not error.retryable or attempt == retries:
+                raise
+            print(f"{error}; retrying in {pause:g} s ({attempt + 1} of {retries})",
+                  file=sys.stderr, flush=True)
+            sleep(pause)
+            pause *= 2
+
+
 def translate_all(sentences, predict, batch_size=64, sort_buffer_batches=SORT_BUFFER_BATCHES,
-                  **predict_kwargs):
+                  retries=0, sleep=time.sleep, **predict_kwargs):
     """Translates an iterable of sentences in length-sorted requests, yielding in input order.
 
     Reads `batch_size * sort_buffer_batches` sentences, sorts them by UTF-8 length, sends
-    them `batch_size` per request through `predict(batch, **predict_kwargs)`, and yields the
-    buffer's results in the original order before reading the next buffer.
+    them `batch_size` per request through `predict(batch, **predict_kwargs)` (with up to
+    `retries` retries: `predict_with_retries`), and yields the buffer's results in the
+    original order before reading the next buffer.
 
     Args:
         sentences: iterable of str.
@@ -143,6 +184,8 @@ def translate_all(sentences, predict, batch_size=64, sort_buffer_batches=SORT_BU
         batch_size: int, sentences per request. Defaults to `64`.
         sort_buffer_batches: int, requests read ahead and sorted together; `1` keeps the
             input order. Defaults to `SORT_BUFFER_BATCHES`.
+        retries: int, retries of a request the server could not take now. Defaults to `0`.
+        sleep: callable taking seconds, how to wait before a retry. Defaults to `time.sleep`.
         **predict_kwargs: passed to `predict` (server, model, signature, timeout).
 
     Yields:
@@ -158,7 +201,8 @@ def translate_all(sentences, predict, batch_size=64, sort_buffer_batches=SORT_BU
         results = [None] * len(buffer)
         for start in range(0, len(order), batch_size):
             indices = order[start:start + batch_size]
-            answers = predict([buffer[i] for i in indices], **predict_kwargs)
+            answers = predict_with_retries(predict, [buffer[i] for i in indices], retries,
+                                           sleep, **predict_kwargs)
             for index, answer in zip(indices, answers):
                 results[index] = answer
         yield from results
@@ -193,6 +237,10 @@ def _parse_args(argv):
                              "server's max_batch_size, 64 in export/batching_parameters.txt)")
     parser.add_argument("--timeout", type=float, default=60.0,
                         help="seconds per request (default %(default)s)")
+    parser.add_argument("--retries", type=int, default=3,
+                        help="retries of a request the server cannot take now (queue full, "
+                             "HTTP 503/429, no connection), after 0.5 s, 1 s, 2 s, ... "
+                             "(default %(default)s)")
     parser.add_argument("--json", action="store_true",
                         help="print one JSON object per line with translation, score, length")
     return parser.parse_args(argv)
@@ -211,8 +259,8 @@ def main(argv=None):
     server = args.server or (DEFAULT_GRPC_SERVER if args.grpc else DEFAULT_REST_SERVER)
     try:
         for result in translate_all(sentences, predict, batch_size=args.batch_size,
-                                    server=server, model=args.model, signature=args.signature,
-                                    timeout=args.timeout):
+                                    retries=args.retries, server=server, model=args.model,
+                                    signature=args.signature, timeout=args.timeout):
             if args.json:
                 print(json.dumps(result, ensure_ascii=False))
             else:

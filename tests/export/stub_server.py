@@ -72,6 +72,11 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         match = _PREDICT.match(self.path)
         if not match or match["name"] != self.server.model_name:
             return self._reply(404, {"error": f"Servable not found for request: {self.path}"})
+        with self.server.lock:
+            rejection = self.server.rejections.pop(0) if self.server.rejections else None
+        if rejection is not None:
+            self.rfile.read(int(self.headers.get("Content-Length", 0)))
+            return self._reply(rejection[0], {"error": rejection[1]})
         try:
             length = int(self.headers.get("Content-Length", 0))
             request = json.loads(self.rfile.read(length).decode("utf-8"))
@@ -127,6 +132,7 @@ class StubModelServer:
         self._httpd.signatures = dict(loaded.signatures)
         self._httpd.lock = threading.Lock()
         self._httpd.requests = []
+        self._httpd.rejections = []
         self._loaded = loaded  # keeps the restored resources alive
         self._thread = threading.Thread(target=self._httpd.serve_forever, daemon=True,
                                         kwargs={"poll_interval": 0.1})
@@ -146,6 +152,12 @@ class StubModelServer:
     def requests(self):
         """The request lines received so far (e.g. `POST /v1/models/translator:predict`)."""
         return list(self._httpd.requests)
+
+    def reject_next(self, count, status=503, message="queue is full"):
+        """Answers the next `count` predict requests with HTTP `status` and `message`, as
+        the model server does when its batching queue is full (UNAVAILABLE: 503)."""
+        with self._httpd.lock:
+            self._httpd.rejections[:] = [(status, message)] * count
 
     def start(self):
         self._thread.start()

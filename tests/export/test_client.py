@@ -147,6 +147,55 @@ def test_client_sends_length_sorted_batches_and_prints_in_input_order():
     assert lengths == sorted(lengths), requests
 
 
+def test_a_request_the_server_cannot_take_now_is_retried():
+    # TF Serving answers UNAVAILABLE (HTTP 503) when its batching queue is full, and
+    # RESOURCE_EXHAUSTED (429); a server restarting refuses connections. Those are retried
+    # after a growing pause; any other error (a bad request) is reported at once.
+    client = _load_client()
+    failures = [client.ServerError("queue is full", retryable=True)] * 2
+    calls, pauses = [], []
+
+    def flaky_predict(batch, **unused):
+        calls.append(list(batch))
+        if failures:
+            raise failures.pop()
+        return [{"translation": s.upper(), "score": -1.0, "length": 1} for s in batch]
+
+    results = list(client.translate_all(["ka", "lo"], flaky_predict, retries=3,
+                                        sleep=pauses.append))
+    assert [r["translation"] for r in results] == ["KA", "LO"]
+    assert len(calls) == 3 and pauses == [0.5, 1.0]
+
+    failures[:] = [client.ServerError("queue is full", retryable=True)] * 3
+    with pytest.raises(client.ServerError, match="queue is full"):
+        list(client.translate_all(["ka"], flaky_predict, retries=2, sleep=pauses.append))
+
+    def bad_request(batch, **unused):
+        calls.append(batch)
+        raise client.ServerError("HTTP 400: no such signature")
+
+    calls.clear()
+    with pytest.raises(client.ServerError, match="HTTP 400"):
+        list(client.translate_all(["ka"], bad_request, retries=3, sleep=pauses.append))
+    assert len(calls) == 1
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_client_retries_a_full_queue_and_gives_up_after_its_retries(server, exported):
+    expected = [r["translation"] for r in ExportedTranslator(exported).translate(["ka lo mi"])]
+    server.reject_next(2, status=503, message="The batch scheduling queue to which this task "
+                       "was submitted is full")
+    completed = run_client("--server", server.url, "ka lo mi")
+    assert completed.returncode == 0, completed.stderr
+    assert completed.stdout.decode("utf-8").splitlines() == expected
+    assert completed.stderr.count(b"retrying in") == 2 and b"HTTP 503" in completed.stderr
+
+    server.reject_next(2, status=503, message="queue is full")
+    completed = run_client("--server", server.url, "--retries", "1", "ka lo mi")
+    assert completed.returncode == 1 and b"HTTP 503: queue is full" in completed.stderr
+
+
 def test_a_sentence_argument_that_is_not_utf8_is_translated_with_replacements(monkeypatch,
                                                                              capsys):
     # Undecodable bytes on the command line reach Python as surrogates (surrogateescape):
