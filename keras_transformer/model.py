@@ -516,6 +516,15 @@ class TransformerParts:
             cache), cache, memory_state)`, `memory_state` with `B` rows (`N = B * K` for
             `K` adjacent beams per sentence).
         """
+        embedding = self.target_embedding
+        if embedding.learned_positions and max_length > embedding.max_length:
+            # The table would be shorter than the search: an out-of-range position is an
+            # error deep in the loop, or clamped into the last one under XLA.
+            raise ValueError(
+                f"A search of max_length={max_length} positions is past the learned position "
+                f"table of {embedding.max_length} positions of {embedding.name}: pass "
+                f"max_length <= {embedding.max_length}."
+            )
         memory_state = self.memory_state(memory, memory_mask)
         weights = self._step_weights()
         table = self._position_table(max_length)  # (T_max, d_model)

@@ -116,6 +116,8 @@ class Decoder(Encoder):
             padding_mask = masking.keras_mask(inputs)
         if encoder_padding_mask is None and encoder_outputs is not None:
             encoder_padding_mask = masking.keras_mask(encoder_outputs)
+        masking.check_mask_rank("padding_mask", padding_mask)
+        masking.check_mask_rank("encoder_padding_mask", encoder_padding_mask)
         skip_padding = self.skip_padding if skip_padding is None else skip_padding
         if (skip_padding and cache is None and padding_mask is not None
                 and not return_attention_scores):

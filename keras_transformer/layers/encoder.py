@@ -31,7 +31,10 @@ class Encoder(BlockBase):
             residuals, dropout) on the real positions only, packed into rows, in calls with
             a padding mask and without attention scores (`PackedRows`); the attention still
             sees the padded layout. Real positions get the same values up to rounding,
-            padded ones zeros. It saves the padding's share of nearly all of the stack's
+            padded ones zeros. (In a `Decoder`, except the rows of a sentence whose source
+            has no real token at all: with every key masked, cross-attention averages the
+            memory's padded positions in the padded layout and zeros when packed; the
+            trainer's readers drop empty sources.) It saves the padding's share of nearly all of the stack's
             arithmetic (benchmarks/RESULTS.md); its shapes depend on the data, so not under
             XLA (`jit_compile`). Defaults to `False`.
         **kwargs: base `keras.layers.Layer` arguments.
@@ -105,6 +108,7 @@ class Encoder(BlockBase):
              skip_padding=None):
         if padding_mask is None:
             padding_mask = masking.keras_mask(inputs)
+        masking.check_mask_rank("padding_mask", padding_mask)
         skip_padding = self.skip_padding if skip_padding is None else skip_padding
         if skip_padding and padding_mask is not None and not return_attention_scores:
             layout = PackedRows(padding_mask)

@@ -40,6 +40,14 @@ def causal_mask(query_length, key_length, offset=0):
     return ops.expand_dims(ops.greater_equal(rows, cols), 0)
 
 
+def check_mask_rank(name, value, form="(B, S)"):
+    """Refuses a mask `value` (or `None`) of another rank than `form`, naming argument `name`
+    (a `(B, S)` mask given as `(B, 1, S)` would broadcast into a wrong mask, or fail deep in
+    a graph)."""
+    if value is not None and len(value.shape) != len(form.split(",")):
+        raise ValueError(f"`{name}` must be {form}, got shape {tuple(value.shape)}.")
+
+
 def merge_masks(
     padding_mask=None,
     attention_mask=None,
@@ -62,10 +70,8 @@ def merge_masks(
         bool tensor `(B, T, S)` (or `(1, T, S)` with only a causal mask), or `None` when there is
         nothing to mask.
     """
-    for name, value, form in (("padding_mask", padding_mask, "(B, S)"),
-                              ("attention_mask", attention_mask, "(B, T, S)")):
-        if value is not None and len(value.shape) != len(form.split(",")):
-            raise ValueError(f"`{name}` must be {form}, got shape {tuple(value.shape)}.")
+    check_mask_rank("padding_mask", padding_mask)
+    check_mask_rank("attention_mask", attention_mask, "(B, T, S)")
     mask = None
     if padding_mask is not None:
         mask = ops.expand_dims(ops.cast(padding_mask, "bool"), 1)  # (B, 1, S)

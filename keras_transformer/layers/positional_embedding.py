@@ -1,6 +1,7 @@
 """Token embedding scaled by sqrt(d_model) plus position encoding, with dropout on the sum."""
 
 import math
+import numbers
 
 import keras
 from keras import ops
@@ -182,8 +183,13 @@ class PositionalEmbedding(keras.layers.Layer):
                 "but compute no padding mask."
             )
         length = inputs.shape[-1]
-        if (self.learned_positions and length is not None
-                and isinstance(start_index, int) and start_index + length > self.max_length):
+        if not isinstance(start_index, numbers.Integral):
+            try:  # a NumPy integer reaches `call` as an eager scalar tensor
+                start_index = int(start_index)
+            except (TypeError, ValueError):
+                start_index = None  # symbolic: known only when the graph runs
+        if (self.learned_positions and length is not None and start_index is not None
+                and start_index + length > self.max_length):
             raise ValueError(
                 f"Positions {start_index} .. {start_index + length - 1} are past the learned "
                 f"position table of {self.name} (max_length={self.max_length}): shorten the "

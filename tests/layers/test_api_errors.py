@@ -5,8 +5,14 @@ import keras
 import numpy as np
 import pytest
 
-from keras_transformer.layers import Decoder, DecoderBlock, MultiHeadAttention, PositionalEmbedding
-from keras_transformer.model import build_transformer
+from keras_transformer.layers import (
+    Decoder,
+    DecoderBlock,
+    Encoder,
+    MultiHeadAttention,
+    PositionalEmbedding,
+)
+from keras_transformer.model import TransformerParts, build_transformer
 
 
 def test_token_ids_must_be_integers():
@@ -62,6 +68,40 @@ def test_learned_positions_past_the_table_are_refused():
     with pytest.raises(ValueError, match="max_length=6"):
         embedding(np.ones((2, 2), "int32"), start_index=5)
     assert embedding(np.ones((2, 6), "int32")).shape == (2, 6, 8)
+    # A NumPy integer start (from an array of offsets) is checked the same way.
+    with pytest.raises(ValueError, match="max_length=6"):
+        embedding(np.ones((2, 2), "int32"), start_index=np.int64(5))
+
+
+def test_searches_past_a_learned_position_table_are_refused():
+    # The searches' step read positions past the table: under XLA an out-of-range gather
+    # is clamped (8 tokens from a model of 4 positions, silently); otherwise a Slice error
+    # in the loop, only when a hypothesis got that long.
+    model = build_transformer(20, d_model=16, num_heads=2, ff_dim=32, num_layers=1,
+                              learned_positions=True, max_length=4)
+    parts = TransformerParts(model)
+    memory, memory_mask = parts.encode(np.array([[5, 6, 7]]))
+    for fixed_length in (False, True):
+        with pytest.raises(ValueError, match=r"max_length=8.*learned position table.*4"):
+            parts.step_function(memory, memory_mask, 8, fixed_length=fixed_length)
+    parts.step_function(memory, memory_mask, 4)  # within the table
+
+
+@pytest.mark.parametrize("skip_padding", [False, True])
+def test_stack_masks_of_the_wrong_rank_are_refused(skip_padding):
+    # With skip_padding the masks went to the packing (a Reshape or Gather error) without
+    # the rank check of the attention.
+    x, memory = keras.random.normal((2, 4, 16)), keras.random.normal((2, 5, 16))
+    encoder = Encoder(1, 2, 32, skip_padding=skip_padding)
+    with pytest.raises(ValueError, match=r"`padding_mask` must be \(B, S\)"):
+        encoder(x, padding_mask=np.ones((2, 1, 4), "bool"))
+    decoder = Decoder(1, 2, 32, skip_padding=skip_padding)
+    with pytest.raises(ValueError, match=r"`encoder_padding_mask` must be \(B, S\)"):
+        decoder(x, memory, padding_mask=np.ones((2, 4), "bool"),
+                encoder_padding_mask=np.ones((2, 1, 5), "bool"))
+    with pytest.raises(ValueError, match=r"`padding_mask` must be \(B, S\)"):
+        decoder(x, memory, padding_mask=np.ones((2, 4, 4), "bool"))
+    assert decoder(x, memory, padding_mask=np.ones((2, 4), "bool")).shape == (2, 4, 16)
 
 
 def test_build_transformer_takes_numpy_integers():
