@@ -62,7 +62,11 @@ def _split_files(paths, flag):
     """`[SRC, TGT]` -> two absolute paths (parallel files); `[TSV]` -> one (TSV)."""
     if len(paths) not in (1, 2):
         raise SystemExit(f"{flag} takes SRC TGT (parallel files) or one TSV file, got {paths}.")
-    return [str(pathlib.Path(p).resolve()) for p in paths]
+    resolved = [str(pathlib.Path(p).resolve()) for p in paths]
+    if len(resolved) == 2 and resolved[0] == resolved[1]:
+        raise SystemExit(f"{flag} names {paths[0]} for both sides: give the source file, then "
+                         "its translation.")
+    return resolved
 
 
 def _data_overrides(args):
@@ -77,10 +81,18 @@ def _data_overrides(args):
         files = {"train": _split_files(args.train, "--train")}
         if args.valid:
             files["validation"] = _split_files(args.valid, "--valid")
+        from keras_transformer.data.sources import VALIDATION_NAMES
+
         for test in args.test or []:
             name, equals, paths = test.partition("=")
             if not equals or not name:
                 raise SystemExit(f"--test expects NAME=SRC,TGT or NAME=TSV, got {test!r}.")
+            if name == "train" or name in VALIDATION_NAMES:
+                raise SystemExit(f"--test {name}=... would replace the {name} split: "
+                                 f"'{name}' is reserved (--train, --valid); name the test set "
+                                 "otherwise (--test news=SRC,TGT).")
+            if name in files:
+                raise SystemExit(f"--test names the test set '{name}' twice.")
             files[name] = _split_files(paths.split(","), "--test")
         shapes = {len(paths) for paths in files.values()}
         if len(shapes) != 1:

@@ -115,3 +115,55 @@ def test_evaluate_refuses_a_split_of_an_export_that_records_no_data(tmp_path):
     message = _refused(["evaluate", "--export", str(tmp_path / "export"), "--split", "test"],
                        "keras-transformer evaluate")
     assert "records no data source" not in message and "SavedModel" in message
+
+
+def _corpus(tmp_path, lines=6):
+    for split, count in (("train", lines), ("val", 3), ("test", 3)):
+        for lang in ("fr", "en"):
+            (tmp_path / f"{split}.{lang}").write_text(
+                "".join(f"{split} {lang} {i}\n" for i in range(count)))
+    return lambda name: str(tmp_path / name)
+
+
+def test_test_sets_named_like_the_training_or_validation_split_are_refused(tmp_path):
+    # `--test train=...` replaced the training data by the test files, silently.
+    f = _corpus(tmp_path)
+    base = ["train", "--preset", "tiny", "--output", str(tmp_path / "run"),
+            "--train", f("train.fr"), f("train.en"), "--valid", f("val.fr"), f("val.en")]
+    for name in ("train", "validation"):
+        _refused(base + ["--test", f"{name}={f('test.fr')},{f('test.en')}"],
+                 f"--test {name}=", "reserved")
+    _refused(base + ["--test", f"news={f('test.fr')},{f('test.en')}",
+                     "--test", f"news={f('val.fr')},{f('val.en')}"], "news", "twice")
+    assert not (tmp_path / "run").exists()
+
+
+def test_test_files_are_checked_before_training(tmp_path):
+    # A missing or unaligned --test pair surfaced only at `evaluate`, after the training.
+    f = _corpus(tmp_path)
+    (tmp_path / "short.en").write_text("one line\n")
+    base = ["train", "--preset", "tiny", "--output", str(tmp_path / "run"),
+            "--train", f("train.fr"), f("train.en")]
+    _refused(base + ["--test", f"news={f('test.fr')},{f('nothere.en')}"], "nothere.en")
+    _refused(base + ["--test", f"news={f('test.fr')},{f('short.en')}"], "short.en",
+             "line counts")
+    assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+def test_the_same_file_for_both_sides_is_refused(tmp_path):
+    f = _corpus(tmp_path)
+    _refused(["train", "--preset", "tiny", "--output", str(tmp_path / "run"), "--train",
+              f("train.fr"), f("train.fr"), "--source-lang", "fr", "--target-lang", "en"],
+             "train.fr", "both sides")
+
+
+def test_a_new_run_in_a_directory_of_other_files_is_refused(tmp_path):
+    # Once `train` had written into a user's folder, `--overwrite` took it for a run and
+    # deleted the user's files with it.
+    f = _corpus(tmp_path)
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "important.txt").write_text("keep me")
+    _refused(["train", "--preset", "tiny", "--output", str(project), "--train",
+              f("train.fr"), f("train.en")], str(project), "not a run")
+    assert sorted(p.name for p in project.iterdir()) == ["important.txt"]

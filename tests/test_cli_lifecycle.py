@@ -77,6 +77,7 @@ def test_resuming_with_another_config_is_refused(tmp_path):
     from keras_transformer.training import get_preset
 
     get_preset("tiny").to_file(tmp_path / "config.json")
+    (tmp_path / "history.json").write_text("{}")  # a run that trained
     with pytest.raises(SystemExit, match="d_model: 16 in the run, 32 now"):
         main(_train_args(tmp_path, "--set", "d_model=32"))
 

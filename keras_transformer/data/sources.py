@@ -50,7 +50,7 @@ TFDS_PREFIX = "tfds:"
 # Pairs per Python -> tf.data hand-over: one generator call per chunk, not per pair.
 _CHUNK_PAIRS = 512
 # Other names of the validation split, in the order they are looked for.
-_VALIDATION_NAMES = ("validation", "valid", "val", "dev")
+VALIDATION_NAMES = ("validation", "valid", "val", "dev")
 # A language code inferred from a file name: `train.fr`, `train.fr.gz`, `news.pt_br.txt`.
 _LANG_SUFFIX = re.compile(r"^[A-Za-z]{2,3}([_-][A-Za-z]{2,4})?$")
 # File suffixes that look like a language code but are not one.
@@ -61,10 +61,10 @@ def _canonical_split(split, names):
     """Maps `val`/`dev`/`valid` to the validation split and `test` to the first test set."""
     if split in names:
         return split
-    if split in _VALIDATION_NAMES:
-        return next((n for n in _VALIDATION_NAMES if n in names), split)
+    if split in VALIDATION_NAMES:
+        return next((n for n in VALIDATION_NAMES if n in names), split)
     if split == "test":
-        tests = [n for n in names if n not in ("train", *_VALIDATION_NAMES)]
+        tests = [n for n in names if n not in ("train", *VALIDATION_NAMES)]
         if tests:
             return tests[0]
     return split
@@ -229,7 +229,7 @@ class FileSource(ParallelSource):
 
     def __init__(self, files, source_lang=None, target_lang=None):
         self.files = {
-            ("validation" if name in _VALIDATION_NAMES else name): tuple(map(str, paths))
+            ("validation" if name in VALIDATION_NAMES else name): tuple(map(str, paths))
             for name, paths in files.items()
         }
         for name, paths in self.files.items():
@@ -278,7 +278,7 @@ class TsvSource(ParallelSource):
     kind = "tsv"
 
     def __init__(self, files, source_lang, target_lang):
-        self.files = {("validation" if n in _VALIDATION_NAMES else n): str(p)
+        self.files = {("validation" if n in VALIDATION_NAMES else n): str(p)
                       for n, p in files.items()}
         super().__init__(source_lang, target_lang)
 
@@ -387,12 +387,12 @@ class TfdsSource(ParallelSource):
         self._split_names = list(info.splits.keys()) or ["train", "validation", "test"]
 
     def splits(self):
-        names = ["validation" if n in _VALIDATION_NAMES else n for n in self._split_names]
+        names = ["validation" if n in VALIDATION_NAMES else n for n in self._split_names]
         return _ordered_splits(names)
 
     def _tfds_split(self, split):
         if split == "validation":
-            return next(n for n in self._split_names if n in _VALIDATION_NAMES)
+            return next(n for n in self._split_names if n in VALIDATION_NAMES)
         return split
 
     def _read(self, split, report, keep_all):

@@ -48,6 +48,7 @@ from keras_transformer.training.optimizers import learning_rate_schedule, make_o
 from keras_transformer.training.presets import TrainingConfig, resolve_precision
 from keras_transformer.training.schedules import cooldown_steps
 from keras_transformer.training.strategy import (
+    WORKER_TEMP_PREFIX,
     is_chief,
     select_strategy,
     shard_by_data,
@@ -309,12 +310,25 @@ def is_run_directory(path):
     return isinstance(values, dict) and set(values) == fields
 
 
+def _check_new_run_directory(path):
+    """Refuses to start a run among files `train` did not write: `--overwrite` would later
+    take the directory for a run and delete them with it."""
+    others = sorted(entry.name for entry in pathlib.Path(path).iterdir()
+                    if not entry.name.startswith(WORKER_TEMP_PREFIX))
+    if others and not is_run_directory(path):
+        listed = ", ".join(others[:5]) + (", ..." if len(others) > 5 else "")
+        raise ValueError(
+            f"{path} holds other files ({listed}) and is not a run of `train`: choose an "
+            "empty or new --output directory.")
+
+
 def check_resumable(config, run_dir):
     """Refuses to resume or continue `run_dir` with a different configuration.
 
     Args:
         config: `TrainingConfig`, the configuration asked for now.
-        run_dir: path-like, a run directory (without `config.json` nothing is checked).
+        run_dir: path-like, a run directory (without `config.json`, or with nothing else
+            from a start that failed before its vocabulary, nothing is checked).
 
     Raises:
         ConfigMismatchError: listing every field that differs, except those in
@@ -323,6 +337,9 @@ def check_resumable(config, run_dir):
     path = pathlib.Path(run_dir) / "config.json"
     if not path.is_file():
         return
+    if [entry.name for entry in path.parent.iterdir()] == ["config.json"] and is_run_directory(
+            path.parent):
+        return  # a start that failed before its vocabulary: nothing trained to keep
     saved = type(config).from_dict(json.loads(path.read_text())).to_dict()
     current = config.to_dict()
     differing = [
@@ -524,6 +541,8 @@ def _train(config, output_dir, write_dir, strategy, data_dir, local_dir, make_tr
            report_padding, verbose, callbacks):
     """`train`'s work, once this process holds `write_dir`."""
     chief = is_chief(strategy)
+    if chief:
+        _check_new_run_directory(write_dir)
     source = open_run_source(config, local_dir=local_dir, tfds_dir=data_dir)
     # A TFDS source may have chosen the languages: the run records the ones used.
     config = config.replace(source_lang=source.source_lang, target_lang=source.target_lang)

@@ -152,6 +152,7 @@ def test_time_budget_is_validated():
 def test_changed_config_is_refused_listing_the_fields(tmp_path):
     config = get_preset("tiny")
     (tmp_path / "config.json").write_text(json.dumps(config.to_dict()))
+    (tmp_path / "tokenizer").mkdir()  # a run that got past its start
     check_resumable(config.replace(epochs=7, keep_checkpoints=2), tmp_path)  # allowed
     with pytest.raises(ConfigMismatchError) as raised:
         check_resumable(config.replace(d_model=32, dropout=0.2, epochs=7), tmp_path)
@@ -185,20 +186,28 @@ def test_run_directory_detection(tmp_path):
     assert is_run_directory(tmp_path)
 
 
-def test_a_run_that_failed_before_its_vocabulary_can_be_started_over(tmp_path):
+def test_a_run_that_failed_before_its_vocabulary_starts_over_with_other_settings(tmp_path):
     # `train` writes config.json first; a run that failed while training its vocabulary
-    # (a vocabulary too large for the corpus, Ctrl-C) holds nothing else. Asking again with
-    # other settings is refused with "--overwrite to start over", which must then work.
-    from keras_transformer.cli import main
-
+    # (a vocabulary too large for the corpus, Ctrl-C) holds nothing else. Nothing was
+    # trained, so asking again with other settings (the smaller vocab_size the error
+    # advised) starts over; it was refused as "trained with a different configuration".
     get_preset("tiny").replace(vocab_size=8000).to_file(tmp_path / "config.json")
     assert is_run_directory(tmp_path)
-    with pytest.raises(SystemExit, match="--overwrite to start over"):
-        main(["train", "--preset", "tiny", "--output", str(tmp_path)])
+    check_resumable(get_preset("tiny"), tmp_path)
+    (tmp_path / "tokenizer").mkdir()  # a vocabulary: the settings are compared
+    with pytest.raises(ConfigMismatchError, match="vocab_size"):
+        check_resumable(get_preset("tiny"), tmp_path)
     from keras_transformer.cli import _overwrite
 
-    _overwrite(tmp_path, worker_index=None)
+    _overwrite(tmp_path, worker_index=None)  # --overwrite still starts over
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_new_run_is_not_started_among_other_files(tmp_path):
+    (tmp_path / "important.txt").write_text("keep me")
+    with pytest.raises(ValueError, match="important.txt.*not a run"):
+        train(get_preset("tiny"), tmp_path, strategy="default")
+    assert [p.name for p in tmp_path.iterdir()] == ["important.txt"]
 
 
 @pytest.mark.slow
