@@ -409,10 +409,13 @@ class Translator(tf.Module):
                 tokens, scores, lengths = tf.cond(rows <= config.jit_max_rows, compiled, regular)
         else:
             tokens, scores, lengths = regular()
+        # A sentence without text (an empty or blank line: END alone) translates to
+        # nothing, not to what the model makes of END alone.
+        empty = source_lengths <= 1
         return {
-            "translation": self.target_tokenizer.detokenize(tokens),
-            "score": scores,
-            "length": lengths,
+            "translation": tf.where(empty, "", self.target_tokenizer.detokenize(tokens)),
+            "score": tf.where(empty, tf.zeros_like(scores), scores),
+            "length": tf.where(empty, tf.zeros_like(lengths), lengths),
         }
 
     def _search(self, source_ids, batch_size, max_lengths, search, seeds=None, compiled=False):

@@ -91,6 +91,18 @@ def test_beam_size_one_equals_greedy(copy_task):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("search", ["greedy", "beam", "sample"])
+def test_a_sentence_without_text_translates_to_nothing(copy_task, search):
+    # An empty or blank line (a paragraph break in a document) came back as an invented
+    # sentence: the model decoded from END alone. Training drops such lines as `blank`.
+    translator = copy_task.translator(search=search, beam_size=3)
+    text, score, length = outputs(translator, ["", "   ", "\t", copy_task.held_out[0]])
+    assert text[:3] == ["", "", ""] and list(length[:3]) == [0, 0, 0]
+    assert list(score[:3]) == [0.0, 0.0, 0.0]
+    assert text[3] and length[3] > 0
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("search", ["greedy", "beam"])
 def test_batch_equals_one_at_a_time(copy_task, search):
     """Padding a sentence next to longer ones changes nothing (masks are exact)."""
