@@ -252,7 +252,7 @@ def iter_lines(path_or_dash):
         path_or_dash: str or path-like, a file, or `"-"` for standard input.
 
     Yields:
-        str, each line without its terminator.
+        str, each line without its terminator (nor the first line a UTF-8 byte order mark).
     """
     if str(path_or_dash) == "-":
         yield from _decoded_lines(sys.stdin.buffer)
@@ -269,12 +269,17 @@ def open_binary(path):
 
 
 def _decoded_lines(stream):
-    for line in stream:
+    for number, line in enumerate(stream):
+        if number == 0 and line.startswith(_UTF8_BOM):  # a Windows editor's byte order mark
+            line = line[len(_UTF8_BOM):]
         if line.endswith(b"\n"):
             line = line[:-1]
         if line.endswith(b"\r"):
             line = line[:-1]
         yield line.decode("utf-8", errors="replace")
+
+
+_UTF8_BOM = b"\xef\xbb\xbf"
 
 
 def count_lines(path):

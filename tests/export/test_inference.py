@@ -33,6 +33,16 @@ def test_read_lines_keeps_empty_lines_and_unicode_separators(tmp_path):
     assert read_lines(tmp_path / "empty.txt") == []
 
 
+def test_read_lines_drops_a_byte_order_mark(tmp_path):
+    # Windows editors start UTF-8 files with a BOM; training repairs it, the references of
+    # `evaluate --src/--ref` kept it in their first sentence (BLEU 10.64 against 11.58).
+    path = tmp_path / "ref.en"
+    path.write_bytes(b"\xef\xbb\xbfA dog runs.\r\nTwo men talk.\n")
+    assert read_lines(path) == ["A dog runs.", "Two men talk."]
+    path.write_bytes(b"A dog\xef\xbb\xbf runs.\n")  # inside a line it is text: kept
+    assert read_lines(path) == ["A dog\ufeff runs."]
+
+
 def test_read_lines_dash_reads_stdin(monkeypatch):
     stdin = io.TextIOWrapper(io.BytesIO("Ein Hund.\nZwei Männer.\n".encode("utf-8")))
     monkeypatch.setattr(sys, "stdin", stdin)
