@@ -4,6 +4,7 @@ import gzip
 import io
 import os
 import pathlib
+import re
 
 import sentencepiece as spm
 
@@ -132,8 +133,17 @@ def train_sentencepiece(
     try:
         spm.SentencePieceTrainer.train(**options)
     except RuntimeError as error:
+        # "... smaller than required_chars. 300 vs 318. Increase vocab_size or decrease
+        # character_coverage with --character_coverage option." (not an option of ours)
+        too_small = re.search(r"smaller than required_chars\. \d+ vs (\d+)", str(error))
+        if too_small:
+            raise ValueError(
+                f"A vocabulary of vocab_size={vocab_size} pieces is too small for this "
+                f"corpus: its characters and the special tokens need {too_small[1]}. Train "
+                "with a larger one (--set vocab_size=N, N well above that)."
+            ) from None
         if "Vocabulary size too high" not in str(error):
-            raise  # e.g. a vocabulary too small for the corpus's characters
+            raise
         # "Vocabulary size too high (8000). Please set it to a value <= N."
         raise ValueError(
             f"The training sentences cannot fill a vocabulary of vocab_size={vocab_size} "
