@@ -102,7 +102,7 @@ def _data_overrides(args):
             raise SystemExit(f"--train/--valid/--test go with --data files or tsv, not {data}.")
         overrides["data_files"] = {k: v if data == "files" else v[0] for k, v in files.items()}
         if data == "files":  # languages from the file names (train.fr) unless given
-            from keras_transformer.data.sources import language_from_path
+            from keras_transformer.languages import language_from_path
 
             for key, path in (("source_lang", files["train"][0]),
                               ("target_lang", files["train"][1])):
@@ -415,7 +415,8 @@ def _data_spec(record):
 
 
 def _evaluation_pairs(args, metadata):
-    """`(sources, references, description)` that `evaluate` scores.
+    """`(sources, references, description, target language or None)` that `evaluate`
+    scores.
 
     `--src/--ref` files, or the split `--split` of the data source the export was trained
     on (any of its test sets, or `validation`), in the export's direction unless
@@ -424,8 +425,11 @@ def _evaluation_pairs(args, metadata):
     if args.src or args.ref:
         if not (args.src and args.ref):
             raise SystemExit("--src and --ref go together.")
+        from keras_transformer.languages import language_from_path
+
         sources, references = _read_parallel(args.src, args.ref)
-        return sources, references, f"{args.src} -> {args.ref}"
+        return (sources, references, f"{args.src} -> {args.ref}",
+                args.target_lang or language_from_path(args.ref))
     from keras_transformer.data import open_source
 
     recorded = {"data", "training_config"} & set(metadata) or (
@@ -446,7 +450,7 @@ def _evaluation_pairs(args, metadata):
         raise SystemExit(str(error)) from error
     pairs = list(source.pairs(split, keep_all=True))
     return ([s for s, _ in pairs], [t for _, t in pairs],
-            f"{source.describe()} [{split}]")
+            f"{source.describe()} [{split}]", source.target_lang)
 
 
 def cmd_evaluate(args):
@@ -454,15 +458,15 @@ def cmd_evaluate(args):
 
     # The metadata file, not the SavedModel: bad input is refused before the model loads.
     files_given = args.src or args.ref
-    sources, references, description = _evaluation_pairs(
+    sources, references, description, target_lang = _evaluation_pairs(
         args, {} if files_given else read_export_metadata(args.export))
     print(f"Evaluating on {description}", flush=True)
     if args.limit:
         sources, references = sources[: args.limit], references[: args.limit]
-    _translate_and_report(args, sources, references)
+    _translate_and_report(args, sources, references, target_lang)
 
 
-def _translate_and_report(args, sources, references):
+def _translate_and_report(args, sources, references, target_lang=None):
     """`evaluate`'s second half: translate (first call untimed), score, print, write JSON."""
     from keras_transformer.export.inference import evaluate_export
 
@@ -470,7 +474,8 @@ def _translate_and_report(args, sources, references):
     try:
         scores = evaluate_export(args.export, sources, references, batch_size=args.batch_size,
                                  signature=args.signature,
-                                 on_batch=progress.update if progress else None)
+                                 on_batch=progress.update if progress else None,
+                                 target_lang=target_lang)
     finally:
         if progress:
             progress.close()

@@ -28,7 +28,6 @@ Example:
 import itertools
 import os
 import pathlib
-import re
 
 import numpy as np
 import tensorflow as tf
@@ -43,6 +42,7 @@ from keras_transformer.data.readers import (
     read_parallel_files,
     read_tsv,
 )
+from keras_transformer.languages import language_from_path
 
 # Data source kinds of `TrainingConfig.data` (plus `tfds:<name>`).
 KINDS = ("multi30k", "files", "tsv")
@@ -51,10 +51,6 @@ TFDS_PREFIX = "tfds:"
 _CHUNK_PAIRS = 512
 # Other names of the validation split, in the order they are looked for.
 VALIDATION_NAMES = ("validation", "valid", "val", "dev")
-# A language code inferred from a file name: `train.fr`, `train.fr.gz`, `news.pt_br.txt`.
-_LANG_SUFFIX = re.compile(r"^[A-Za-z]{2,3}([_-][A-Za-z]{2,4})?$")
-# File suffixes that look like a language code but are not one.
-_NOT_LANGUAGES = {"txt", "tsv", "csv", "tok", "raw", "src", "tgt", "ref", "out", "hyp"}
 
 
 def _canonical_split(split, names):
@@ -68,17 +64,6 @@ def _canonical_split(split, names):
         if tests:
             return tests[0]
     return split
-
-
-def language_from_path(path):
-    """The language code in a file name (`train.fr.gz` -> `fr`), or None."""
-    name = pathlib.Path(path).name
-    if name.endswith(".gz"):
-        name = name[: -len(".gz")]
-    suffix = pathlib.Path(name).suffix.lstrip(".")
-    if suffix.lower() in _NOT_LANGUAGES or not _LANG_SUFFIX.match(suffix):
-        return None
-    return suffix
 
 
 class ParallelSource:

@@ -343,17 +343,20 @@ class ProgressBar:
         self.stream.flush()
 
 
-def evaluate_translations(hypotheses, references):
+def evaluate_translations(hypotheses, references, target_lang=None):
     """Corpus BLEU (cased and lowercased) and chrF with sacreBLEU, with their signatures.
 
     Both sides are detokenized text, scored with sacreBLEU's defaults (`13a` tokenization,
-    exponential smoothing, chrF with character order 6 and beta 2). References are used as
+    exponential smoothing, chrF with character order 6 and beta 2), BLEU tokenized as
+    `target_lang` is written (`keras_transformer.languages.bleu_tokenizer`: `zh` for
+    Chinese, characters for Japanese without MeCab, Thai, ...). References are used as
     given: the exported translator's outputs are SentencePiece-normalized
     (`keras_transformer.text.normalize`), which for ordinary text only collapses spaces.
 
     Args:
         hypotheses: list of str, one translation per sentence.
         references: list of str, one reference per sentence.
+        target_lang: str or None, the language of both (None: `13a`). Defaults to `None`.
 
     Returns:
         dict with `bleu`, `bleu_signature`, `bleu_lowercase`, `bleu_lowercase_signature`,
@@ -372,9 +375,12 @@ def evaluate_translations(hypotheses, references):
         )
     if not hypotheses:
         raise ValueError("Nothing to evaluate: no hypotheses and no references.")
+    from keras_transformer.languages import bleu_tokenizer
+
+    tokenize = bleu_tokenizer(target_lang)
     metrics = {
-        "bleu": sacrebleu.metrics.BLEU(),
-        "bleu_lowercase": sacrebleu.metrics.BLEU(lowercase=True),
+        "bleu": sacrebleu.metrics.BLEU(tokenize=tokenize),
+        "bleu_lowercase": sacrebleu.metrics.BLEU(lowercase=True, tokenize=tokenize),
         "chrf": sacrebleu.metrics.CHRF(),
     }
     result = {}
@@ -386,7 +392,7 @@ def evaluate_translations(hypotheses, references):
 
 
 def evaluate_export(path, sources, references, batch_size=64, signature="translate",
-                    on_batch=None):
+                    on_batch=None, target_lang=None):
     """Translates `sources` with an exported model, scores them and measures the speed.
 
     One sentence is translated before the clock starts, so one-time costs of the first call
@@ -399,6 +405,8 @@ def evaluate_export(path, sources, references, batch_size=64, signature="transla
         batch_size: int, sentences per call. Defaults to `64`.
         signature: str, the signature to call. Defaults to `"translate"`.
         on_batch: callable or None, called with each timed batch's size (a progress bar).
+        target_lang: str or None, the references' language, for BLEU's tokenization
+            (`evaluate_translations`). Defaults to `None`.
 
     Returns:
         The dict of `evaluate_translations`, plus `seconds` (translation wall time),
@@ -418,7 +426,7 @@ def evaluate_export(path, sources, references, batch_size=64, signature="transla
     translations = [r["translation"] for r in
                     translator.translate(sources, batch_size=batch_size, on_batch=on_batch)]
     seconds = time.perf_counter() - start
-    result = evaluate_translations(translations, references)
+    result = evaluate_translations(translations, references, target_lang)
     result.update(
         seconds=seconds,
         sentences_per_second=len(sources) / seconds if seconds > 0 else float("inf"),

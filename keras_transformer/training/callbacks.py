@@ -14,6 +14,7 @@ import numpy as np
 import sacrebleu
 
 from keras_transformer.data.readers import write_json_atomically
+from keras_transformer.languages import bleu_tokenizer
 from keras_transformer.training.schedules import cooldown_steps
 
 logger = logging.getLogger(__name__)
@@ -31,7 +32,7 @@ class BleuCallback(keras.callbacks.Callback):
 
     Every `every_n_epochs` epochs it translates `sources` with the injected `translate_fn`
     and scores the output against `references` with sacrebleu's default (cased,
-    `13a`-tokenized) corpus BLEU on detokenized text, the number papers report as
+    `13a`-tokenized, or as `target_lang` is written) corpus BLEU on detokenized text, the number papers report as
     "sacreBLEU". The score goes into the epoch `logs` as `val_bleu`, so callbacks after
     this one in the list (`ModelSaver(monitor="val_bleu")`, `TensorBoard`, the
     progress bar, `History`) see it. When the score beats the best so far and `best_path`
@@ -56,6 +57,9 @@ class BleuCallback(keras.callbacks.Callback):
         verbose: int, `1` shows a progress bar over the sentences while translating
             and prints each score with the best so far and the time it took (decoding
             hundreds of sentences can take minutes); `0` is silent. Defaults to `1`.
+        target_lang: str or None, the references' language: BLEU is tokenized as it is
+            written (`keras_transformer.languages.bleu_tokenizer`; `13a` for None and most
+            languages, `zh` for Chinese). Defaults to `None`.
 
     Example:
 
@@ -84,6 +88,7 @@ class BleuCallback(keras.callbacks.Callback):
         best_path=None,
         batch_size=None,
         verbose=1,
+        target_lang=None,
     ):
         super().__init__()
         if len(sources) != len(references):
@@ -107,6 +112,7 @@ class BleuCallback(keras.callbacks.Callback):
         self.best_path = None if best_path is None else str(best_path)
         self.batch_size = batch_size
         self.verbose = verbose
+        self.tokenize = bleu_tokenizer(target_lang)
         self.best_bleu = None
 
     @property
@@ -137,7 +143,8 @@ class BleuCallback(keras.callbacks.Callback):
                 f"`translate_fn` returned {len(hypotheses)} translations for "
                 f"{len(self.sources)} sources."
             )
-        return sacrebleu.corpus_bleu(hypotheses, [self.references]).score
+        return sacrebleu.corpus_bleu(hypotheses, [self.references],
+                                     tokenize=self.tokenize).score
 
     def on_epoch_end(self, epoch, logs=None):
         if (epoch + 1) % self.every_n_epochs != 0:

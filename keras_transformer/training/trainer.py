@@ -649,6 +649,7 @@ def _train(config, output_dir, write_dir, strategy, data_dir, local_dir, make_tr
             every_n_epochs=config.bleu_every_n_epochs,
             best_path=str(write_dir / "checkpoints" / "best.keras"),
             batch_size=_BLEU_BATCH_SIZE,
+            target_lang=config.target_lang,
         )
     # Several workers record the slowest one's epoch times, so that a time budget (and the
     # cooldown and late dropout it plans) decides the same on all of them.
