@@ -686,6 +686,14 @@ def main(argv=None):
             raise
         raise SystemExit(f"keras-transformer {args.command}: {error}\n(set {TRACEBACK_ENV}=1 "
                          "to see where)") from None
+    except KeyboardInterrupt:
+        if os.environ.get(TRACEBACK_ENV):
+            raise
+        resume = (f"; run the same command again to resume {args.output} from its last "
+                  "completed epoch" if args.command == "train" else "")
+        print(f"\nkeras-transformer {args.command}: Interrupted{resume}.", file=sys.stderr,
+              flush=True)
+        raise SystemExit(130) from None
     return 0
 
 

@@ -167,3 +167,25 @@ def test_a_new_run_in_a_directory_of_other_files_is_refused(tmp_path):
     _refused(["train", "--preset", "tiny", "--output", str(project), "--train",
               f("train.fr"), f("train.en")], str(project), "not a run")
     assert sorted(p.name for p in project.iterdir()) == ["important.txt"]
+
+
+def test_ctrl_c_is_one_line_with_the_way_to_resume(monkeypatch, tmp_path, capsys):
+    # Ctrl-C during training printed ~60 lines of KeyboardInterrupt traceback.
+    import keras_transformer.training.trainer as trainer
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(trainer, "train", interrupted)
+    monkeypatch.delenv("TF_CONFIG", raising=False)
+    run = tmp_path / "run"
+    with pytest.raises(SystemExit) as error:
+        main(["train", "--preset", "tiny", "--output", str(run)])
+    assert error.value.code == 130  # the shell's code for an interrupt
+    message = capsys.readouterr().err
+    assert "Interrupted" in message and "same command" in message and str(run) in message
+    assert "Traceback" not in message
+    monkeypatch.setattr("keras_transformer.cli.cmd_translate", interrupted)
+    with pytest.raises(SystemExit) as error:
+        main(["translate", "--export", str(tmp_path)])
+    assert error.value.code == 130 and "Interrupted" in capsys.readouterr().err
