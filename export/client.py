@@ -9,7 +9,9 @@ REST (default) needs only the Python standard library:
 It sends `POST <server>/v1/models/<model>:predict` with
 `{"signature_name": "translate", "instances": ["A dog runs.", ...]}` (the row format; the
 signature has one named string input, `text`, so each instance is the plain string) and reads
-`{"predictions": [{"translation": ..., "score": ..., "length": ...}, ...]}`.
+`{"predictions": [{"translation": ..., "score": ..., "length": ..., "truncated": ...}, ...]}`
+(`truncated`: the source was cut to the model's `max_input_length`; the count and line
+numbers of such sentences are said on stderr at the end).
 
 gRPC (`--grpc`, port 8500) needs `pip install tensorflow-serving-api` (which brings
 `tensorflow` and `grpcio`); it sends a `PredictRequest` with the `text` input as a string
@@ -75,7 +77,8 @@ def predict_rest(sentences, server=DEFAULT_REST_SERVER, model=DEFAULT_MODEL,
     """Translates `sentences` (list of str) through TF Serving's REST `:predict` API.
 
     Returns:
-        list of dicts `{"translation": str, "score": float, "length": int}`, one per sentence.
+        list of dicts `{"translation": str, "score": float, "length": int, "truncated": bool}`,
+        one per sentence.
 
     Raises:
         ServerError: on an HTTP error (with the server's `error` message) or no connection.
@@ -109,6 +112,7 @@ def predict_rest(sentences, server=DEFAULT_REST_SERVER, model=DEFAULT_MODEL,
             "translation": prediction["translation"],
             "score": float(prediction.get("score", float("nan"))),
             "length": int(prediction.get("length", -1)),
+            "truncated": bool(prediction.get("truncated", False)),
         })
     return results
 
@@ -144,9 +148,13 @@ def predict_grpc(sentences, server=DEFAULT_GRPC_SERVER, model=DEFAULT_MODEL,
             raise ServerError(f"{server} answered {error.code()}: {error.details()}",
                               retryable=error.code().name in RETRYABLE_GRPC_CODES) from error
     outputs = {name: tf.make_ndarray(response.outputs[name]).tolist() for name in OUTPUT_NAMES}
+    # Exports from before the flag have no `truncated` output.
+    truncated = (tf.make_ndarray(response.outputs["truncated"]).tolist()
+                 if "truncated" in response.outputs else [False] * len(sentences))
     return [
-        {"translation": t.decode("utf-8", errors="replace"), "score": float(s), "length": int(n)}
-        for t, s, n in zip(*(outputs[name] for name in OUTPUT_NAMES))
+        {"translation": t.decode("utf-8", errors="replace"), "score": float(s), "length": int(n),
+         "truncated": bool(c)}
+        for t, s, n, c in zip(*(outputs[name] for name in OUTPUT_NAMES), truncated)
     ]
 
 
@@ -257,10 +265,14 @@ def main(argv=None):
     sys.stdout.reconfigure(encoding="utf-8")
     predict = predict_grpc if args.grpc else predict_rest
     server = args.server or (DEFAULT_GRPC_SERVER if args.grpc else DEFAULT_REST_SERVER)
+    lines, cut = 0, []
     try:
         for result in translate_all(sentences, predict, batch_size=args.batch_size,
                                     retries=args.retries, server=server, model=args.model,
                                     signature=args.signature, timeout=args.timeout):
+            lines += 1
+            if result.get("truncated"):
+                cut.append(lines)
             if args.json:
                 print(json.dumps(result, ensure_ascii=False))
             else:
@@ -269,6 +281,10 @@ def main(argv=None):
     except ServerError as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
+    if cut:
+        shown = ", ".join(map(str, cut[:20])) + (", ..." if len(cut) > 20 else "")
+        print(f"{len(cut)} of {lines} sentences were longer than the model's max_input_length "
+              f"and were cut before translating: {shown}.", file=sys.stderr)
     return 0
 
 

@@ -376,12 +376,16 @@ def cmd_translate(args):
         out = sys.stdout
         if hasattr(out, "reconfigure"):
             out.reconfigure(encoding="utf-8")  # a C locale would fail on the first umlaut
+    lines, cut = 0, []
     try:
         # Batches are sorted by length within a read-ahead buffer; lines come out in input
         # order as each buffer finishes.
         for result in translator.translate_stream(
                 iter_lines(args.input), batch_size=args.batch_size,
                 on_batch=progress.update if progress else None):
+            lines += 1
+            if result["truncated"]:
+                cut.append(lines)
             out.write(result["translation"] + "\n")
             out.flush()
     finally:
@@ -389,6 +393,15 @@ def cmd_translate(args):
             progress.close()
         if args.output:
             out.close()
+    if cut:
+        shown = ", ".join(map(str, cut[:20])) + (", ..." if len(cut) > 20 else "")
+        from keras_transformer.export.inference import read_export_metadata
+
+        limit = read_export_metadata(args.export).get("decoding", {}).get("max_input_length")
+        print(f"{len(cut)} of {lines} lines were longer than the export's max_input_length "
+              f"({limit or 'its'} tokens) and were cut before translating: lines {shown}. "
+              "Split them into sentences, or export with a larger --max-input-length.",
+              file=sys.stderr, flush=True)
 
 
 def _read_parallel(source_path, reference_path):
@@ -586,9 +599,14 @@ def build_parser():
                         help="beam search ranks by log_prob / ((5 + length) / 6) ** alpha "
                         "(gnmt, the default) or by log_prob / length ** alpha (power: "
                         "CTranslate2's length_penalty); END counts in the length")
-    export.add_argument("--max-input-length", type=int, default=128)
-    export.add_argument("--extra-length", type=int, default=50)
-    export.add_argument("--max-output-length", type=int, default=128)
+    export.add_argument("--max-input-length", type=int, default=128,
+                        help="source tokens (END included) the model reads; a longer source "
+                        "is cut to them and flagged in the output `truncated` "
+                        "(default %(default)s)")
+    export.add_argument("--extra-length", type=int, default=50,
+                        help="a translation ends by source tokens + this (default %(default)s)")
+    export.add_argument("--max-output-length", type=int, default=128,
+                        help="target tokens at most, END included (default %(default)s)")
     export.add_argument("--temperature", type=float, default=1.0,
                         help="--search sample: softmax temperature, > 0 (default 1.0)")
     export.add_argument("--top-k", type=int, default=0,

@@ -20,7 +20,7 @@ from keras_transformer.export.saved_model import latest_version_dir
 
 # The input of every exported signature and its outputs (see docs/CONTRACTS.md).
 INPUT_NAME = "text"
-OUTPUT_NAMES = ("translation", "score", "length")
+OUTPUT_NAMES = ("translation", "score", "length", "truncated")
 # Where `export_translator` records the decoding settings.
 METADATA_PATH = pathlib.Path("assets.extra") / "translator.json"
 # Batches read ahead and sorted by length together (CTranslate2's `max_batch_size * 16`
@@ -164,7 +164,8 @@ class ExportedTranslator:
 
         Returns:
             A list with one dict per sentence, in order: `{"translation": str, "score":
-            float (log-probability of the translation), "length": int (target tokens, END
+            float (log-probability of the translation), "truncated": bool (the source was
+            cut to the export's `max_input_length`), "length": int (target tokens, END
             included)}`.
         """
         return list(self.translate_stream(sentences, batch_size, sort_buffer_batches, on_batch))
@@ -210,14 +211,18 @@ class ExportedTranslator:
         translations = outputs["translation"].numpy().tolist()
         scores = outputs["score"].numpy().tolist()
         lengths = outputs["length"].numpy().tolist()
+        # Exports from before the flag have no `truncated` output.
+        truncated = (outputs["truncated"].numpy().tolist() if "truncated" in outputs
+                     else [False] * len(batch))
         return [
             {
                 # The detokenizer emits valid UTF-8; "replace" only guards the unexpected.
                 "translation": t.decode("utf-8", errors="replace"),
                 "score": float(s),
                 "length": int(n),
+                "truncated": bool(c),
             }
-            for t, s, n in zip(translations, scores, lengths)
+            for t, s, n, c in zip(translations, scores, lengths, truncated)
         ]
 
     def __call__(self, sentences, batch_size=64):

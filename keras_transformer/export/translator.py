@@ -8,7 +8,7 @@ from keras_transformer import decoding
 from keras_transformer.decoding.utils import check_length_penalty_form
 from keras_transformer.export.inference import check_sentence_list
 from keras_transformer.model import TransformerParts
-from keras_transformer.text import END_ID, PAD_ID, START_ID, UNK_ID
+from keras_transformer.text import END_ID, PAD_ID, START_ID, UNK_ID, SubwordTokenizer
 
 SEARCHES = ("beam", "greedy", "greedy_uncached", "sample")
 IN_PLACE_CACHE = ("beam", "all", "none")
@@ -254,11 +254,13 @@ class Translator(tf.Module):
     """A trained Transformer with its tokenizers and decoding settings, ready to export.
 
     `translate(text)` takes a batch of raw sentences (`tf.string [None]`) and returns
-    `{"translation": tf.string [None], "score": float32 [None], "length": int32 [None]}`:
-    the translation, its log-probability under the model, and its length in target tokens
-    (END included). Tokenization, the encoder (run once), the cached decoder steps and the
-    search all run inside one `tf.function`, so the SavedModel needs no Python and no project
-    import; the tokenizer `.model` files travel as SavedModel assets.
+    `{"translation": tf.string [None], "score": float32 [None], "length": int32 [None],
+    "truncated": bool [None]}`: the translation, its log-probability under the model, its
+    length in target tokens (END included), and whether the source was longer than
+    `max_input_length` tokens (END included) and cut to them. Tokenization, the encoder (run
+    once), the cached decoder steps and the search all run inside one `tf.function`, so the
+    SavedModel needs no Python and no project import; the tokenizer `.model` files travel as
+    SavedModel assets.
 
     Why a `tf.Module` and not Keras' `ExportArchive`: the exported function is not a Keras
     layer call but string ops, ragged tensors and `tf.while_loop` searches around several
@@ -385,8 +387,11 @@ class Translator(tf.Module):
             )
             with tf.control_dependencies([check]):
                 seeds = tf.identity(seeds)
-        source = self.source_tokenizer.tokenize(
-            text, max_length=config.max_input_length, add_end=True
+        pieces = self.source_tokenizer.tokenize(text)  # ragged (B, None), nothing cut
+        # A source longer than max_input_length (END included) is cut to it: flagged.
+        truncated = pieces.row_lengths() + 1 > config.max_input_length
+        source = SubwordTokenizer.add_special_tokens(
+            pieces, max_length=config.max_input_length, add_end=True
         )  # ragged (B, None), END last
         source_lengths = tf.cast(source.row_lengths(), tf.int32)  # (B,)
         width = padded_width(source_lengths, JIT_WIDTH_MULTIPLE if config.jit_compile else 1,
@@ -416,6 +421,7 @@ class Translator(tf.Module):
             "translation": tf.where(empty, "", self.target_tokenizer.detokenize(tokens)),
             "score": tf.where(empty, tf.zeros_like(scores), scores),
             "length": tf.where(empty, tf.zeros_like(lengths), lengths),
+            "truncated": truncated,
         }
 
     def _search(self, source_ids, batch_size, max_lengths, search, seeds=None, compiled=False):

@@ -34,9 +34,9 @@ class Encoder(BlockBase):
             padded ones zeros. (In a `Decoder`, except the rows of a sentence whose source
             has no real token at all: with every key masked, cross-attention averages the
             memory's padded positions in the padded layout and zeros when packed; the
-            trainer's readers drop empty sources.) It saves the padding's share of nearly all of the stack's
-            arithmetic (benchmarks/RESULTS.md); its shapes depend on the data, so not under
-            XLA (`jit_compile`). Defaults to `False`.
+            trainer's readers drop empty sources.) It saves the padding's share of nearly all
+            of the stack's arithmetic (benchmarks/RESULTS.md); its shapes depend on the data,
+            so not under XLA (`jit_compile`). Defaults to `False`.
         **kwargs: base `keras.layers.Layer` arguments.
 
     Call arguments:

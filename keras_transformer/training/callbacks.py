@@ -32,9 +32,9 @@ class BleuCallback(keras.callbacks.Callback):
 
     Every `every_n_epochs` epochs it translates `sources` with the injected `translate_fn`
     and scores the output against `references` with sacrebleu's default (cased,
-    `13a`-tokenized, or as `target_lang` is written) corpus BLEU on detokenized text, the number papers report as
-    "sacreBLEU". The score goes into the epoch `logs` as `val_bleu`, so callbacks after
-    this one in the list (`ModelSaver(monitor="val_bleu")`, `TensorBoard`, the
+    `13a`-tokenized, or as `target_lang` is written) corpus BLEU on detokenized text, the
+    number papers report as "sacreBLEU". The score goes into the epoch `logs` as `val_bleu`,
+    so callbacks after this one in the list (`ModelSaver(monitor="val_bleu")`, `TensorBoard`, the
     progress bar, `History`) see it. When the score beats the best so far and `best_path`
     is set, the model is saved there. The best score is kept next to it in
     `<best_path>.json`, so a run resumed by `BackupAndRestore` does not overwrite a better
@@ -248,8 +248,9 @@ class RunHistory(keras.callbacks.Callback):
             `read_run_history`). Defaults to `None` (a new run).
         reduce_seconds: callable `float -> float` or `None`: each epoch's wall time is
             recorded as `reduce_seconds(seconds)`. Several workers pass
-            `keras_transformer.training.strategy.slowest_worker(strategy)`, so that every worker's record, and what a
-            time budget plans from it, holds the same times. Defaults to `None`.
+            `keras_transformer.training.strategy.slowest_worker(strategy)`, so that every
+            worker's record, and what a time budget plans from it, holds the same times.
+            Defaults to `None`.
 
     Example:
 

@@ -84,6 +84,26 @@ def test_translate_file_keeps_the_input_order_and_shows_progress(
     assert "11/11" in err, err
 
 
+@pytest.mark.slow
+def test_translate_says_which_lines_were_cut(copy_task, tmp_path, capsys):
+    # A line past the export's max_input_length is cut: translate says which, on stderr.
+    from keras_transformer.export import export_translator
+
+    short_export = export_translator(copy_task.translator(max_input_length=6),
+                                     tmp_path / "export")
+    long = "bal dor fen gim hut sel tam vin"
+    source, output = tmp_path / "in.txt", tmp_path / "out.txt"
+    source.write_text(f"ka\n{long}\nlo\n{long}\n", encoding="utf-8")
+    cli.main(["translate", "--export", str(short_export), "--input", str(source),
+              "--output", str(output)])
+    err = capsys.readouterr().err
+    assert "2 of 4 lines" in err and "lines 2, 4" in err and "max_input_length" in err
+    source.write_text("ka\nlo\n", encoding="utf-8")
+    cli.main(["translate", "--export", str(short_export), "--input", str(source),
+              "--output", str(output)])
+    assert "max_input_length" not in capsys.readouterr().err
+
+
 def test_translate_streams_batches_as_they_finish(exported, copy_task):
     translator = ExportedTranslator(exported)
     calls = []

@@ -25,6 +25,7 @@ OUTPUT_DTYPES = {
     "translation": types_pb2.DT_STRING,
     "score": types_pb2.DT_FLOAT,
     "length": types_pb2.DT_INT32,
+    "truncated": types_pb2.DT_BOOL,
 }
 # A subprocess that may import only tensorflow and tensorflow_text: a meta-path hook makes
 # any import of this package fail, and the child reports what it imported.
@@ -153,6 +154,8 @@ def test_saved_model_cli_show_reads_the_signatures(exported):
         assert f"signature_def['{name}']" in out
     assert "inputs['text'] tensor_info:" in out
     assert re.search(r"outputs\['length'\] tensor_info:\s+dtype: DT_INT32\s+shape: \(-1\)", out)
+    assert re.search(r"outputs\['truncated'\] tensor_info:\s+dtype: DT_BOOL\s+shape: \(-1\)",
+                     out)
     assert re.search(r"outputs\['score'\] tensor_info:\s+dtype: DT_FLOAT\s+shape: \(-1\)", out)
     assert re.search(r"outputs\['translation'\] tensor_info:\s+dtype: DT_STRING", out)
 
@@ -211,18 +214,25 @@ def loaded(exported):
 @pytest.mark.slow
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("signature", ["translate", "translate_greedy"])
-def test_hostile_inputs_get_bounded_outputs(loaded, signature):
+def test_hostile_inputs_get_bounded_outputs(loaded, copy_task, signature):
     function = loaded.signatures[signature]
     empty = function(text=tf.constant([], tf.string))
     assert {k: v.shape.as_list() for k, v in empty.items()} == {
-        "translation": [0], "score": [0], "length": [0]}
+        "translation": [0], "score": [0], "length": [0], "truncated": [0]}
     names = list(HOSTILE_INPUTS)
     outputs = function(text=tf.constant([HOSTILE_INPUTS[n] for n in names], tf.string))
     bound = min(DECODING["max_input_length"] + DECODING["extra_length"],
                 DECODING["max_output_length"])
     lengths = outputs["length"].numpy()
     assert lengths.shape == (len(names),)
-    assert np.all(lengths >= 1) and np.all(lengths <= bound), dict(zip(names, lengths))
+    blank = [names.index("empty"), names.index("whitespace")]  # no text: no translation
+    assert np.all(lengths[blank] == 0) and np.all(np.delete(lengths, blank) >= 1), dict(
+        zip(names, lengths))
+    assert np.all(lengths <= bound), dict(zip(names, lengths))
+    pieces = copy_task.tokenizer.tokenize([HOSTILE_INPUTS[n] for n in names]).row_lengths()
+    assert outputs["truncated"].numpy().tolist() == [
+        int(p) + 1 > DECODING["max_input_length"] for p in pieces]  # END counts
+    assert outputs["truncated"].numpy()[names.index("very_long")]
     assert np.all(np.isfinite(outputs["score"].numpy()))
     for name, translation in zip(names, outputs["translation"].numpy().tolist()):
         translation.decode("utf-8")  # valid UTF-8 whatever came in
@@ -242,6 +252,7 @@ def test_long_input_is_truncated_to_max_input_length(served, copy_task):
     prefix = tokenizer.detokenize(ids.to_tensor()).numpy()[0].decode()  # the kept text
     assert len(prefix) < 200
     long_result, prefix_result = served.translate([long_text, prefix])
+    assert long_result.pop("truncated") and not prefix_result.pop("truncated")
     assert long_result == prefix_result
 
 

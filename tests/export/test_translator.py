@@ -34,8 +34,10 @@ def source_token_lengths(tokenizer, sentences):
 
 
 def expected_bounds(tokenizer, sentences):
-    return np.minimum(source_token_lengths(tokenizer, sentences) + DECODING["extra_length"],
-                      DECODING["max_output_length"])
+    """The longest output of each sentence: 0 for a sentence without text (END alone)."""
+    lengths = source_token_lengths(tokenizer, sentences)
+    return np.where(lengths <= 1, 0, np.minimum(lengths + DECODING["extra_length"],
+                                                DECODING["max_output_length"]))
 
 
 def outputs(translator, sentences):
@@ -100,6 +102,19 @@ def test_a_sentence_without_text_translates_to_nothing(copy_task, search):
     assert text[:3] == ["", "", ""] and list(length[:3]) == [0, 0, 0]
     assert list(score[:3]) == [0.0, 0.0, 0.0]
     assert text[3] and length[3] > 0
+
+
+@pytest.mark.slow
+def test_a_source_cut_at_max_input_length_is_flagged(copy_task):
+    # A source longer than max_input_length is cut to it; nothing in the output said so.
+    translator = copy_task.translator(search="greedy", max_input_length=6)
+    long = "bal dor fen gim hut sel tam vin"  # more than 5 pieces + END
+    result = translator.translate(tf.constant(["ka", long, ""], tf.string))
+    assert result["truncated"].numpy().tolist() == [False, True, False]
+    cut = translator.translate(tf.constant([long], tf.string))["translation"].numpy()[0]
+    whole = copy_task.translator(search="greedy").translate(
+        tf.constant([long], tf.string))["translation"].numpy()[0]
+    assert len(cut) < len(whole)
 
 
 @pytest.mark.slow
@@ -302,8 +317,9 @@ def test_random_model_that_never_ends_stops_at_the_bound(copy_task, random_model
 def test_trained_model_outputs_are_bounded(copy_task, search):
     sentences = copy_task.held_out[:8] + BOUND_SOURCES
     _, _, lengths = outputs(copy_task.translator(search=search), sentences)
-    assert np.all(lengths >= 1)
-    assert np.all(lengths <= expected_bounds(copy_task.tokenizer, sentences))
+    bounds = expected_bounds(copy_task.tokenizer, sentences)
+    assert np.all((lengths >= 1) | (bounds == 0))  # only a sentence without text is empty
+    assert np.all(lengths <= bounds)
 
 
 # Small untrained models for the checks that need no trained weights (fast).
