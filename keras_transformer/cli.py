@@ -104,9 +104,15 @@ def _data_overrides(args):
         if data == "files":  # languages from the file names (train.fr) unless given
             from keras_transformer.languages import language_from_path
 
-            for key, path in (("source_lang", files["train"][0]),
-                              ("target_lang", files["train"][1])):
-                overrides.setdefault(key, language_from_path(path))
+            named = [language_from_path(path) for path in files["train"]]
+            if (args.source_lang and args.target_lang
+                    and named == [args.target_lang, args.source_lang]):
+                raise SystemExit(
+                    f"--train gives {args.train[0]} ({named[0]}) as the source but --source-lang "
+                    f"{args.source_lang} --target-lang {args.target_lang} say the other way "
+                    "round: give the source file first.")
+            for key, language in zip(("source_lang", "target_lang"), named):
+                overrides.setdefault(key, language)
             if not (overrides["source_lang"] and overrides["target_lang"]):
                 raise SystemExit("Could not tell the languages from the file names: pass "
                                  "--source-lang and --target-lang.")

@@ -189,3 +189,13 @@ def test_ctrl_c_is_one_line_with_the_way_to_resume(monkeypatch, tmp_path, capsys
     with pytest.raises(SystemExit) as error:
         main(["translate", "--export", str(tmp_path)])
     assert error.value.code == 130 and "Interrupted" in capsys.readouterr().err
+
+
+def test_languages_that_contradict_the_file_names_are_refused(tmp_path):
+    # train.fr train.en with --source-lang en --target-lang fr was labelled en->fr while the
+    # model learned fr->en from the files' order.
+    f = _corpus(tmp_path)
+    _refused(["train", "--preset", "tiny", "--output", str(tmp_path / "run"), "--train",
+              f("train.fr"), f("train.en"), "--source-lang", "en", "--target-lang", "fr"],
+             "train.fr", "--source-lang en", "source file first")
+    assert not (tmp_path / "run").exists()
