@@ -20,11 +20,11 @@ tensor.
 Sentences come from the arguments, or one per line from standard input when none is given.
 Requests carry length-sorted batches (`translate_all`), so the server pads little; each
 translation is printed on its own line, in input order (with `--json`, one JSON object per
-line with `translation`, `score` and `length`). A request the server cannot take now (its
-batching queue full: UNAVAILABLE, HTTP 503; RESOURCE_EXHAUSTED, HTTP 429; or no connection,
-a server restarting) is sent again after 0.5 s, 1 s, 2 s, ... up to `--retries` times (3 by
-default), each retry said on stderr. Exit status 1 with the server's error message when a
-request fails for good.
+line with `translation`, `score`, `length` and `truncated`). A request the server cannot take
+now (its batching queue full: UNAVAILABLE, HTTP 503; RESOURCE_EXHAUSTED, HTTP 429; or no
+connection, a server restarting) is sent again after 0.5 s, 1 s, 2 s, ... up to `--retries`
+times (3 by default), each retry said on stderr. Exit status 1 with the server's error
+message when a request fails for good.
 """
 
 import argparse
@@ -100,7 +100,10 @@ def predict_rest(sentences, server=DEFAULT_REST_SERVER, model=DEFAULT_MODEL,
         raise ServerError(f"{url} answered HTTP {error.code}: {detail}",
                           retryable=error.code in RETRYABLE_HTTP_STATUSES) from error
     except (urllib.error.URLError, OSError) as error:
-        raise ServerError(f"Cannot reach {url}: {error}", retryable=True) from error
+        # Refused or reset (a server restarting) is worth a retry; a timeout is not (the
+        # same slow batch again, adding to the server's load).
+        timed_out = isinstance(getattr(error, "reason", error), TimeoutError)
+        raise ServerError(f"Cannot reach {url}: {error}", retryable=not timed_out) from error
     predictions = document.get("predictions")
     if predictions is None:
         raise ServerError(f"{url} answered without 'predictions': {document}")
@@ -219,12 +222,21 @@ def translate_all(sentences, predict, batch_size=64, sort_buffer_batches=SORT_BU
 def _stdin_lines(stream):
     """The lines of a binary stream, one at a time, without "\n" or "\r\n"; invalid UTF-8
     replaced. Only "\n" ends a line (Unicode separators stay inside their sentence)."""
-    for line in stream:
+    for number, line in enumerate(stream):
+        if number == 0 and line.startswith(b"\xef\xbb\xbf"):  # a byte order mark
+            line = line[3:]
         if line.endswith(b"\n"):
             line = line[:-1]
         if line.endswith(b"\r"):
             line = line[:-1]
         yield line.decode("utf-8", errors="replace")
+
+
+def _non_negative(text):
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, got {value}")
+    return value
 
 
 def _parse_args(argv):
@@ -245,12 +257,13 @@ def _parse_args(argv):
                              "server's max_batch_size, 64 in export/batching_parameters.txt)")
     parser.add_argument("--timeout", type=float, default=60.0,
                         help="seconds per request (default %(default)s)")
-    parser.add_argument("--retries", type=int, default=3,
+    parser.add_argument("--retries", type=_non_negative, default=3,
                         help="retries of a request the server cannot take now (queue full, "
                              "HTTP 503/429, no connection), after 0.5 s, 1 s, 2 s, ... "
                              "(default %(default)s)")
     parser.add_argument("--json", action="store_true",
-                        help="print one JSON object per line with translation, score, length")
+                        help="print one JSON object per line with translation, score, length, "
+                        "truncated")
     return parser.parse_args(argv)
 
 

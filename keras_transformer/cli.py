@@ -4,7 +4,6 @@ Also `python -m keras_transformer ...`. Each subcommand prints `--help`.
 """
 
 import argparse
-import contextlib
 import json
 import os
 import pathlib
@@ -191,7 +190,13 @@ def _overwrite(output, worker_index):
     from keras_transformer.training.trainer import is_run_directory
 
     if worker_index is not None:
-        shutil.rmtree(output / f"{WORKER_TEMP_PREFIX}{worker_index}", ignore_errors=True)
+        # Its contents: the directory itself is what this worker holds (`hold_run_directory`).
+        own = output / f"{WORKER_TEMP_PREFIX}{worker_index}"
+        for entry in own.iterdir() if own.is_dir() else []:
+            if entry.is_dir() and not entry.is_symlink():
+                shutil.rmtree(entry)
+            else:
+                entry.unlink()
         return
     if not output.exists():
         return
@@ -243,9 +248,13 @@ def cmd_train(args):
 
     # The task as TF_CONFIG names it (set by --worker-index or by a cluster manager).
     chief, task_id = task_from_tf_config()
-    # The chief holds the run directory from before `--overwrite` deletes anything in it
-    # (another worker's directory is its own, which `train` holds).
-    with hold_run_directory(output) if chief else contextlib.nullcontext():
+    from keras_transformer.training.strategy import WORKER_TEMP_PREFIX
+
+    # Each process holds the directory it writes (the chief the run directory, another
+    # worker its own) from before `--overwrite` deletes anything in it; `train` takes it
+    # again.
+    held = output if chief else output / f"{WORKER_TEMP_PREFIX}{task_id}"
+    with hold_run_directory(held):
         run = _overwrite_and_train(args, config, output, None if chief else task_id)
     if not run.epochs_trained:
         print(f"Reusing the finished run in {output} (make run FRESH=1 or --overwrite starts "
@@ -446,9 +455,13 @@ def _evaluation_pairs(args, metadata):
             raise SystemExit("--src and --ref go together.")
         from keras_transformer.languages import language_from_path
 
+        from keras_transformer.export.inference import read_export_metadata
+
         sources, references = _read_parallel(args.src, args.ref)
-        return (sources, references, f"{args.src} -> {args.ref}",
-                args.target_lang or language_from_path(args.ref))
+        # The language BLEU is tokenized for: said, the export's, or the --ref file's name.
+        target_lang = (args.target_lang or read_export_metadata(args.export).get("target_lang")
+                       or language_from_path(args.ref))
+        return sources, references, f"{args.src} -> {args.ref}", target_lang
     from keras_transformer.data import open_source
 
     recorded = {"data", "training_config"} & set(metadata) or (
@@ -713,8 +726,10 @@ def main(argv=None):
     except KeyboardInterrupt:
         if os.environ.get(TRACEBACK_ENV):
             raise
-        resume = (f"; run the same command again to resume {args.output} from its last "
-                  "completed epoch" if args.command == "train" else "")
+        again = "the same command" + (" without --overwrite" if getattr(
+            args, "overwrite", False) else "")
+        resume = (f"; run {again} again to resume {args.output} from its last completed "
+                  "epoch" if args.command == "train" else "")
         print(f"\nkeras-transformer {args.command}: Interrupted{resume}.", file=sys.stderr,
               flush=True)
         raise SystemExit(130) from None

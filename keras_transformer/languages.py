@@ -14,7 +14,8 @@ _LANG_SUFFIX = re.compile(r"^[A-Za-z]{2,3}([_-][A-Za-z]{2,4})?$")
 _NOT_LANGUAGES = {"txt", "tsv", "csv", "tok", "raw", "src", "tgt", "ref", "out", "hyp"}
 # Languages written without spaces between words, for which sacreBLEU has no tokenizer of
 # their own: scored on characters.
-_CHARACTER_SCRIPTS = {"th", "lo", "km", "my", "bo", "dz"}
+_CHARACTER_SCRIPTS = {"th", "lo", "km", "my", "bo", "dz", "tha", "lao", "khm", "mya", "bod",
+                      "dzo"}
 
 
 def language_from_path(path):
@@ -44,9 +45,9 @@ def bleu_tokenizer(language):
     ('13a', 'zh', 'char')
     """
     code = re.split(r"[_-]", (language or "").lower())[0]
-    if code == "zh":
+    if code in ("zh", "zho", "chi", "cmn"):
         return "zh"
-    if code == "ja":
+    if code in ("ja", "jpn"):
         mecab = all(importlib.util.find_spec(name) for name in ("MeCab", "ipadic"))
         return "ja-mecab" if mecab else "char"
     if code in _CHARACTER_SCRIPTS:

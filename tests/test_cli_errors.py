@@ -185,6 +185,10 @@ def test_ctrl_c_is_one_line_with_the_way_to_resume(monkeypatch, tmp_path, capsys
     message = capsys.readouterr().err
     assert "Interrupted" in message and "same command" in message and str(run) in message
     assert "Traceback" not in message
+    # Run again with --overwrite, the same command would delete the run it interrupted.
+    with pytest.raises(SystemExit):
+        main(["train", "--preset", "tiny", "--output", str(run), "--overwrite"])
+    assert "same command without --overwrite" in capsys.readouterr().err
     monkeypatch.setattr("keras_transformer.cli.cmd_translate", interrupted)
     with pytest.raises(SystemExit) as error:
         main(["translate", "--export", str(tmp_path)])

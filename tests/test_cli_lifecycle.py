@@ -39,10 +39,13 @@ def test_overwrite_deletes_a_run_but_other_workers_directories(tmp_path):
         (tmp_path / name).write_text("{}")
     (tmp_path / "checkpoints").mkdir()
     (tmp_path / "workertemp_1").mkdir()
+    (tmp_path / "workertemp_1" / "history.json").write_text("{}")
     _overwrite(tmp_path, worker_index=None)
     assert sorted(os.listdir(tmp_path)) == ["workertemp_1"]  # its worker deletes it
     _overwrite(tmp_path, worker_index=1)
-    assert os.listdir(tmp_path) == []
+    # Its contents: the directory is what that worker holds while it trains.
+    assert os.listdir(tmp_path) == ["workertemp_1"]
+    assert os.listdir(tmp_path / "workertemp_1") == []
     _overwrite(tmp_path / "missing", worker_index=None)  # nothing to delete is fine
 
 
@@ -70,7 +73,8 @@ def test_overwrite_on_a_worker_named_by_tf_config_deletes_only_its_own_directory
     (tmp_path / temp / "history.json").write_text("{}")
     with pytest.raises(AssertionError, match="train\\(\\) was called"):
         main(_train_args(tmp_path, "--overwrite"))
-    assert sorted(os.listdir(tmp_path)) == ["config.json", "history.json", "model.keras"]
+    assert sorted(os.listdir(tmp_path)) == ["config.json", "history.json", "model.keras", temp]
+    assert os.listdir(tmp_path / temp) == []  # its own directory, emptied
 
 
 def test_resuming_with_another_config_is_refused(tmp_path):

@@ -11,7 +11,9 @@ ZH_HYPOTHESES = ["一只狗在草地上奔跑。", "两个男人在街上说话�
 def test_bleu_tokenizer_by_target_language():
     assert bleu_tokenizer("zh") == bleu_tokenizer("zh_cn") == bleu_tokenizer("ZH-TW") == "zh"
     assert bleu_tokenizer("ja") in ("ja-mecab", "char")
-    assert bleu_tokenizer("th") == "char"
+    assert bleu_tokenizer("th") == bleu_tokenizer("tha") == "char"
+    assert bleu_tokenizer("zho") == bleu_tokenizer("zho_Hans") == "zh"  # ISO 639-3 as well
+    assert bleu_tokenizer("jpn") == bleu_tokenizer("ja")
     for language in ("de", "en", "fr", "ko", "el", None, ""):
         assert bleu_tokenizer(language) == "13a"
 

@@ -40,8 +40,7 @@ CACHE_MAX_PAIRS = 300_000
 
 
 def open_run_source(config, local_dir=None, tfds_dir=None, check=True):
-    """Opens the data source of a `TrainingConfig` and checks its train/validation files
-    (and the test files of a `files` or `tsv` source).
+    """Opens the data source of a `TrainingConfig` and checks its train/validation files.
 
     Args:
         config: `TrainingConfig` (fields `data`, `data_files`, `source_lang`, `target_lang`).
@@ -55,12 +54,7 @@ def open_run_source(config, local_dir=None, tfds_dir=None, check=True):
     source = open_source(config.data, config.data_files, config.source_lang,
                          config.target_lang, local_dir=local_dir, tfds_dir=tfds_dir)
     if check:
-        checked = ("train", "validation")
-        if config.data in ("files", "tsv"):
-            # The user's own test sets too: found missing or unaligned now, not at
-            # `evaluate` after the training.
-            checked = source.splits()
-        source.check([s for s in checked if s in source.splits()])
+        source.check([s for s in ("train", "validation") if s in source.splits()])
     return source
 
 

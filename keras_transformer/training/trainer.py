@@ -268,16 +268,14 @@ def hold_run_directory(path):
         try:
             fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as error:
-            if error.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
-                os.close(descriptor)
-                logger.warning("Cannot lock %s (%s): nothing stops another process from "
-                               "training into it meanwhile.", path, error)
-                yield
-                return
             os.close(descriptor)
-            raise RunInUseError(
-                f"Another process is training into {path}: wait for it to end, or choose "
-                "another --output.") from None
+            if error.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
+                raise RunInUseError(
+                    f"Another process is training into {path}: wait for it to end, or "
+                    "choose another --output.") from None
+            logger.warning("Cannot lock %s (%s): nothing stops another process from "
+                           "training into it meanwhile.", path, error)
+            descriptor = None  # unlocked, and said once: held without a descriptor
         _HELD_RUNS[key] = (descriptor, 1)
     try:
         yield
@@ -287,7 +285,8 @@ def hold_run_directory(path):
             _HELD_RUNS[key] = (descriptor, depth - 1)
         else:
             del _HELD_RUNS[key]
-            os.close(descriptor)  # releases the lock
+            if descriptor is not None:
+                os.close(descriptor)  # releases the lock
 
 
 def is_run_directory(path):
@@ -300,7 +299,7 @@ def is_run_directory(path):
         return False
     if any((path / name).exists() for name in RUN_MARKERS if name != "config.json"):
         return True
-    if [entry.name for entry in path.iterdir()] != ["config.json"]:
+    if _own_entries(path) != ["config.json"]:
         return False
     try:
         values = json.loads((path / "config.json").read_text())
@@ -310,11 +309,17 @@ def is_run_directory(path):
     return isinstance(values, dict) and set(values) == fields
 
 
+def _own_entries(path):
+    """Sorted names in a run directory, other workers' private directories left out (a
+    worker of a failed multi-worker start leaves its own beside the chief's files)."""
+    return sorted(entry.name for entry in pathlib.Path(path).iterdir()
+                  if not entry.name.startswith(WORKER_TEMP_PREFIX))
+
+
 def _check_new_run_directory(path):
     """Refuses to start a run among files `train` did not write: `--overwrite` would later
     take the directory for a run and delete them with it."""
-    others = sorted(entry.name for entry in pathlib.Path(path).iterdir()
-                    if not entry.name.startswith(WORKER_TEMP_PREFIX))
+    others = _own_entries(path)
     if others and not is_run_directory(path):
         listed = ", ".join(others[:5]) + (", ..." if len(others) > 5 else "")
         raise ValueError(
@@ -337,8 +342,7 @@ def check_resumable(config, run_dir):
     path = pathlib.Path(run_dir) / "config.json"
     if not path.is_file():
         return
-    if [entry.name for entry in path.parent.iterdir()] == ["config.json"] and is_run_directory(
-            path.parent):
+    if _own_entries(path.parent) == ["config.json"] and is_run_directory(path.parent):
         return  # a start that failed before its vocabulary: nothing trained to keep
     saved = type(config).from_dict(json.loads(path.read_text())).to_dict()
     current = config.to_dict()
@@ -563,6 +567,10 @@ def _train(config, output_dir, write_dir, strategy, data_dir, local_dir, make_tr
     previous = read_run_history(
         (continue_from.parent if continue_from else write_dir) / "history.json", initial_epoch
     )
+    if chief and not initial_epoch and config.data in ("files", "tsv"):
+        # A new run: the user's test sets are found missing or unaligned now, not at
+        # `evaluate` after the training (not on resuming: they may have moved since).
+        source.check(source.test_sets())
     if continue_from is not None and config.epochs <= initial_epoch:
         print(f"{output_dir} holds a finished run of {initial_epoch} epoch(s); nothing to "
               "train (pass a larger --epochs to continue it).", flush=True)

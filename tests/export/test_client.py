@@ -181,6 +181,21 @@ def test_a_request_the_server_cannot_take_now_is_retried():
     assert len(calls) == 1
 
 
+@pytest.mark.timeout(60)
+def test_a_request_that_timed_out_is_not_sent_again():
+    # The same slow batch again would only add to the server's load.
+    client = _load_client()
+    with socket.socket() as silent:  # accepts connections, never answers
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(1)
+        with pytest.raises(client.ServerError) as error:
+            client.predict_rest(["ka"], server=f"http://127.0.0.1:{silent.getsockname()[1]}",
+                                timeout=0.5)
+    assert not error.value.retryable
+    with pytest.raises(SystemExit):
+        client._parse_args(["--retries", "-1"])
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_client_retries_a_full_queue_and_gives_up_after_its_retries(server, exported):

@@ -203,6 +203,18 @@ def test_a_run_that_failed_before_its_vocabulary_starts_over_with_other_settings
     assert list(tmp_path.iterdir()) == []
 
 
+def test_a_failed_multi_worker_start_is_still_a_run(tmp_path):
+    # Worker 1's private directory stays beside the chief's config.json after a failed start
+    # of `launch --local-workers 2`: the same command again was refused as "not a run".
+    from keras_transformer.training.trainer import _check_new_run_directory
+
+    get_preset("tiny").replace(vocab_size=8000).to_file(tmp_path / "config.json")
+    (tmp_path / "workertemp_1").mkdir()
+    assert is_run_directory(tmp_path)
+    _check_new_run_directory(tmp_path)
+    check_resumable(get_preset("tiny"), tmp_path)  # nothing trained: other settings start over
+
+
 def test_a_new_run_is_not_started_among_other_files(tmp_path):
     (tmp_path / "important.txt").write_text("keep me")
     with pytest.raises(ValueError, match="important.txt.*not a run"):
