@@ -125,7 +125,7 @@ class ExportedTranslator:
     >>> translator = ExportedTranslator("export")  # the highest version: export/1
     >>> results = translator.translate(["A dog runs."])
     >>> translator.version, sorted(results[0])
-    (1, ['length', 'score', 'translation'])
+    (1, ['length', 'score', 'translation', 'truncated'])
     """
 
     def __init__(self, path, signature="translate"):

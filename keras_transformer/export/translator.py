@@ -314,7 +314,7 @@ class Translator(tf.Module):
     ...                         DecodingConfig(beam_size=4, max_output_length=8))
     >>> outputs = translator.translate(tf.constant(["A dog runs.", "Two dogs."]))
     >>> sorted(outputs), outputs["translation"].shape
-    (['length', 'score', 'translation'], TensorShape([2]))
+    (['length', 'score', 'translation', 'truncated'], TensorShape([2]))
     """
 
     def __init__(self, model, source_tokenizer, target_tokenizer, config=None, metadata=None):

@@ -132,9 +132,16 @@ def train_tokenizers(
     source_path = train_sentencepiece(
         sources, output_dir / SOURCE_FILENAME, vocab_size, **sentencepiece_options
     )
-    target_path = train_sentencepiece(
-        targets, output_dir / TARGET_FILENAME, vocab_size, **sentencepiece_options
-    )
+    try:
+        target_path = train_sentencepiece(
+            targets, output_dir / TARGET_FILENAME, vocab_size, **sentencepiece_options
+        )
+    except BaseException:
+        # No half vocabulary left behind: a retry with other settings starts clean.
+        source_path.unlink()
+        if not any(output_dir.iterdir()):
+            output_dir.rmdir()
+        raise
     return SubwordTokenizer(source_path), SubwordTokenizer(target_path)
 
 

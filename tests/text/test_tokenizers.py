@@ -71,3 +71,23 @@ def test_train_tokenizers_reads_a_bounded_sample_of_a_stream(tmp_path, monkeypat
     train_tokenizers(stream, "en", "de", vocab_size=290, output_dir=tmp_path, max_pairs=500,
                      hard_vocab_limit=False)
     assert seen["sentences"] == 1000  # 500 pairs, both sides of a shared vocabulary
+
+
+def test_a_target_vocabulary_that_fails_leaves_no_source_model(tmp_path):
+    # With separate vocabularies the source model was written before the target's failed:
+    # the run then held a tokenizer/ and a retry with the advised vocab_size was refused as
+    # "trained with a different configuration".
+    import random
+
+    import pytest
+
+    from keras_transformer.text import train_tokenizers
+
+    rng = random.Random(0)
+    words = ["".join(rng.choice("abcdefghijklmnop") for _ in range(6)) for _ in range(400)]
+    pairs = {"fr": [" ".join(rng.sample(words, 8)) for _ in range(300)],
+             "en": ["a b c"] * 300}  # too few pieces for the vocabulary
+    with pytest.raises(ValueError, match="vocab_size=300"):
+        train_tokenizers(pairs, "fr", "en", vocab_size=300, shared=False,
+                         output_dir=tmp_path / "tokenizer")
+    assert not (tmp_path / "tokenizer").exists()

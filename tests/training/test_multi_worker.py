@@ -236,17 +236,17 @@ def test_each_worker_reads_a_distinct_part_of_the_epoch(runs, multi30k_tfds_dir,
 def test_workers_share_one_time_budget(tmp_path, multi30k_tfds_dir):
     # Each worker times its own epochs, and they differ: the chief alone computes
     # validation BLEU inside its epoch while the others wait for it outside theirs, a
-    # slower machine likewise. Here worker 1's epoch 2 ends 45 s late by its own clock;
-    # with a 1.5-minute budget over 3 epochs, that clock says stop after epoch 2, and
-    # worker 0's own (which spent the 45 s waiting between epochs) would train a third,
+    # slower machine likewise. Here worker 1's epoch 2 ends 30 s late by its own clock;
+    # with a 1-minute budget over 3 epochs, that clock says stop after epoch 2, and
+    # worker 0's own (which spent the 30 s waiting between epochs) would train a third,
     # alone, forever waiting for its peer. The clock they share is the slowest worker's
     # epoch: both stop after epoch 2.
-    slow = 45
+    slow = 30
     ports = free_ports(2)
     workers = ",".join(f"127.0.0.1:{p}" for p in ports)
     run = tmp_path / "budget"
     args = ["train", "--preset", "tiny", "--output", str(run), "--tfds-dir",
-            str(multi30k_tfds_dir), "--set", "epochs=3", "time_budget_minutes=1.5"]
+            str(multi30k_tfds_dir), "--set", "epochs=3", "time_budget_minutes=1"]
     commands = [
         [sys.executable, str(_HERE / "worker_child.py"), *slower, "--", *args,
          "--worker-index", str(index), "--workers", workers]
