@@ -243,12 +243,11 @@ def cmd_train(args):
     _set_worker_tf_config(args)
     config = _load_config(args)
     output = pathlib.Path(args.output)
-    from keras_transformer.training.strategy import task_from_tf_config
+    from keras_transformer.training.strategy import WORKER_TEMP_PREFIX, task_from_tf_config
     from keras_transformer.training.trainer import hold_run_directory
 
     # The task as TF_CONFIG names it (set by --worker-index or by a cluster manager).
     chief, task_id = task_from_tf_config()
-    from keras_transformer.training.strategy import WORKER_TEMP_PREFIX
 
     # Each process holds the directory it writes (the chief the run directory, another
     # worker its own) from before `--overwrite` deletes anything in it; `train` takes it

@@ -28,14 +28,11 @@ Leading and trailing whitespace is removed from every sentence.
 """
 
 import dataclasses
-import gzip
 import json
 import os
 
-# UTF-8 encoding of U+FEFF, which some editors write at the start of a file.
-_BOM = b"\xef\xbb\xbf"
-# Bytes read per chunk when counting lines.
-_COUNT_CHUNK = 1 << 20
+from keras_transformer.textfiles import UTF8_BOM, count_lines, open_binary
+
 # Reasons a pair is dropped, in the order the report lists them.
 DROP_REASONS = ("blank", "empty_source", "empty_target", "too_long")
 # Repairs that keep the pair, counted per line.
@@ -90,38 +87,6 @@ def write_json_atomically(path, value, **dump_options):
     os.replace(temporary, path)
 
 
-def open_binary(path):
-    """Opens a plain or `.gz` file for reading bytes."""
-    path = os.fspath(path)
-    return gzip.open(path, "rb") if path.endswith(".gz") else open(path, "rb")
-
-
-def count_lines(path):
-    """Counts the lines of a plain or `.gz` file by scanning bytes (constant memory).
-
-    A last line without a final newline counts as a line; an empty file has 0 lines.
-
-    Args:
-        path: str or path-like.
-
-    Returns:
-        int, the number of lines.
-
-    Example:
-
-    >>> with gzip.open("train.en.gz", "wt", encoding="utf-8") as f:
-    ...     _ = f.write("A dog runs.\\nA cat sleeps.\\nNo final newline")
-    >>> count_lines("train.en.gz")
-    3
-    """
-    lines, last = 0, b"\n"
-    with open_binary(path) as f:
-        while chunk := f.read(_COUNT_CHUNK):
-            lines += chunk.count(b"\n")
-            last = chunk[-1:]
-    return lines + (last != b"\n")
-
-
 def iter_lines(path, report=None):
     """Yields the decoded lines of a plain or `.gz` UTF-8 file, without line terminators.
 
@@ -147,8 +112,8 @@ def iter_lines(path, report=None):
                 raw = raw[:-1]
                 if report is not None:
                     report.repaired["crlf"] += 1
-            if number == 1 and raw.startswith(_BOM):
-                raw = raw[len(_BOM):]
+            if number == 1 and raw.startswith(UTF8_BOM):
+                raw = raw[len(UTF8_BOM):]
                 if report is not None:
                     report.repaired["bom"] += 1
             yield decode_utf8(raw, f"{os.fspath(path)}:{number}")

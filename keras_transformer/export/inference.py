@@ -6,7 +6,6 @@ SentencePiece ops the graph uses) and calls one of its signatures, exactly what 
 does with the same directory.
 """
 
-import gzip
 import itertools
 import json
 import pathlib
@@ -17,6 +16,7 @@ import tensorflow as tf
 import tensorflow_text  # noqa: F401  (registers the SentencePiece ops of the exported graph)
 
 from keras_transformer.export.saved_model import latest_version_dir
+from keras_transformer.textfiles import UTF8_BOM, count_lines, open_binary
 
 # The input of every exported signature and its outputs (see docs/CONTRACTS.md).
 INPUT_NAME = "text"
@@ -27,8 +27,6 @@ METADATA_PATH = pathlib.Path("assets.extra") / "translator.json"
 # read buffer, Marian's maxi-batch): long enough to group similar lengths, short enough to
 # stream output soon.
 SORT_BUFFER_BATCHES = 16
-# Read size when counting lines for the progress bar.
-COUNT_BLOCK_BYTES = 1 << 20
 
 
 def check_sentence_list(sentences):
@@ -266,35 +264,15 @@ def iter_lines(path_or_dash):
         yield from _decoded_lines(stream)
 
 
-def open_binary(path):
-    """A plain or `.gz` file opened for bytes (as `train` reads its files; not imported from
-    `keras_transformer.data`, which would load TensorFlow Datasets into every translator)."""
-    path = str(path)
-    return gzip.open(path, "rb") if path.endswith(".gz") else open(path, "rb")
-
-
 def _decoded_lines(stream):
     for number, line in enumerate(stream):
-        if number == 0 and line.startswith(_UTF8_BOM):  # a Windows editor's byte order mark
-            line = line[len(_UTF8_BOM):]
+        if number == 0 and line.startswith(UTF8_BOM):  # a Windows editor's byte order mark
+            line = line[len(UTF8_BOM):]
         if line.endswith(b"\n"):
             line = line[:-1]
         if line.endswith(b"\r"):
             line = line[:-1]
         yield line.decode("utf-8", errors="replace")
-
-
-_UTF8_BOM = b"\xef\xbb\xbf"
-
-
-def count_lines(path):
-    """The number of lines `iter_lines(path)` yields (a last line without "\\n" counts)."""
-    count, last = 0, b"\n"
-    with open_binary(path) as stream:
-        for block in iter(lambda: stream.read(COUNT_BLOCK_BYTES), b""):
-            count += block.count(b"\n")
-            last = block[-1:]
-    return count + (last != b"\n")
 
 
 class ProgressBar:

@@ -1,0 +1,46 @@
+"""Plain or gzip-compressed text files read as bytes: opening them and counting their lines.
+
+A module of its own, without TensorFlow: training's readers (`keras_transformer.data`) and
+the translator of an export (`keras_transformer.export.inference`, which must not load
+TensorFlow Datasets) both read files with it.
+"""
+
+import gzip
+import os
+
+# A UTF-8 byte order mark, which some Windows editors write at the start of a file.
+UTF8_BOM = b"\xef\xbb\xbf"
+# Read size when counting lines.
+_COUNT_CHUNK = 1 << 20
+
+
+def open_binary(path):
+    """Opens a plain or `.gz` file for reading bytes."""
+    path = os.fspath(path)
+    return gzip.open(path, "rb") if path.endswith(".gz") else open(path, "rb")
+
+
+def count_lines(path):
+    """Counts the lines of a plain or `.gz` file by scanning bytes (constant memory).
+
+    A last line without a final newline counts as a line; an empty file has 0 lines.
+
+    Args:
+        path: str or path-like.
+
+    Returns:
+        int, the number of lines.
+
+    Example:
+
+    >>> with gzip.open("train.en.gz", "wt", encoding="utf-8") as f:
+    ...     _ = f.write("A dog runs.\\nA cat sleeps.\\nNo final newline")
+    >>> count_lines("train.en.gz")
+    3
+    """
+    lines, last = 0, b"\n"
+    with open_binary(path) as f:
+        while chunk := f.read(_COUNT_CHUNK):
+            lines += chunk.count(b"\n")
+            last = chunk[-1:]
+    return lines + (last != b"\n")
