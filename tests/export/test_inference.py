@@ -137,6 +137,19 @@ def test_iter_lines_and_count_lines_agree_with_read_lines(tmp_path):
     assert count_lines(tmp_path / "crlf.txt.gz") == count_lines(tmp_path / "crlf.txt")
 
 
+def test_the_translator_loads_neither_the_data_package_nor_tensorflow_datasets():
+    # It reads files with keras_transformer.textfiles; keras_transformer.data would load
+    # TensorFlow Datasets (seconds, and memory) into every process that only translates.
+    import subprocess
+
+    code = ("import sys, keras_transformer.export.inference; "
+            "print(sorted(m for m in sys.modules if m == 'tensorflow_datasets' "
+            "or m.startswith('keras_transformer.data')))")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            check=True)
+    assert result.stdout.strip().splitlines()[-1] == "[]"
+
+
 def test_progress_bar_counts_to_the_total_and_ends_its_line():
     from keras_transformer.export.inference import ProgressBar
 
