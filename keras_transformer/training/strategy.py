@@ -127,7 +127,8 @@ def task_from_tf_config(tf_config=None):
         `(is_chief, task_id)`: `(True, None)` without a cluster of several workers.
 
     Raises:
-        ValueError: if `TF_CONFIG` is not valid JSON.
+        ValueError: if `TF_CONFIG` is not valid JSON, or names a task that does not train
+            (see `check_training_task`).
 
     Example:
 
@@ -137,12 +138,54 @@ def task_from_tf_config(tf_config=None):
     """
     if tf_config is None:
         tf_config = os.environ.get("TF_CONFIG", "")
+    check_training_task(tf_config)
     if num_workers_from_tf_config(tf_config) <= 1:
         return True, None
     config = json.loads(tf_config)
     task = config.get("task", {})
     task_type, task_id = task.get("type"), int(task.get("index", 0))
     return _is_chief_task(config.get("cluster", {}), task_type, task_id), task_id
+
+
+def check_training_task(tf_config=None):
+    """Raises `ValueError` unless `TF_CONFIG`'s task, if any, is one that trains.
+
+    Training runs in `chief` and `worker` tasks only. A cluster manager that starts the
+    same command in every task (a TFJob with an `Evaluator` or `PS` replica) would
+    otherwise have an evaluator take a worker's directory, or train alone beside a single
+    worker.
+
+    Args:
+        tf_config: string or `None`, the JSON of `TF_CONFIG`; `None` reads the environment
+            variable.
+
+    Raises:
+        ValueError: on invalid JSON, a task type other than `chief` and `worker`, or a task
+            index outside its type's list in the cluster.
+    """
+    if tf_config is None:
+        tf_config = os.environ.get("TF_CONFIG", "")
+    if not num_workers_from_tf_config(tf_config):
+        return
+    config = json.loads(tf_config)
+    task = config.get("task") or {}
+    if not task:
+        return
+    task_type, index = task.get("type"), int(task.get("index", 0))
+    if task_type not in ("chief", "worker"):
+        raise ValueError(
+            f"TF_CONFIG gives this process the task type {task_type!r}; training runs in 'chief' "
+            "and 'worker' tasks only (MultiWorkerMirroredStrategy). Start no trainer in "
+            "this task (an evaluator can run `keras-transformer evaluate` on the run's "
+            "checkpoints instead)."
+        )
+    tasks = config.get("cluster", {}).get(task_type, [])
+    if not 0 <= index < len(tasks):
+        raise ValueError(
+            f"TF_CONFIG names this process {task_type!r} task index {index}, but its "
+            f"cluster lists {len(tasks)} {task_type!r} tasks (indices 0 to "
+            f"{len(tasks) - 1})."
+        )
 
 
 def worker_write_dir(output_dir, strategy):
@@ -300,7 +343,8 @@ def select_strategy(name="auto", devices=None):
         A `tf.distribute.Strategy`.
 
     Raises:
-        ValueError: on an unknown `name`, or `devices` given for another strategy.
+        ValueError: on an unknown `name`, `devices` given for another strategy, or a
+            `TF_CONFIG` task that does not train (`check_training_task`).
 
     Example:
 
@@ -314,6 +358,8 @@ def select_strategy(name="auto", devices=None):
         )
     if devices is not None and name != "mirrored":
         raise ValueError(f"`devices` is only used by 'mirrored'. Received: name={name!r}")
+    if name in ("auto", "multi_worker"):
+        check_training_task()
     if name == "auto":
         num_workers = num_workers_from_tf_config()
         # Physical, not logical: listing logical devices would initialize the context

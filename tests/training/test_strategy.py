@@ -77,3 +77,26 @@ def test_invalid_tf_config_raises(monkeypatch):
 def test_unknown_name_raises_listing_valid_names():
     with pytest.raises(ValueError, match="'tpu'.*auto, default, mirrored, multi_worker"):
         select_strategy("tpu")
+
+
+@pytest.mark.parametrize("task_type", ["evaluator", "ps"])
+@pytest.mark.parametrize("num_workers", [1, 2])
+def test_a_task_that_does_not_train_is_refused(monkeypatch, task_type, num_workers):
+    # A cluster manager (a TFJob with an Evaluator replica) starts the same command in every
+    # task: an evaluator took worker 0's directory (or, beside one worker, acted as the
+    # chief and trained alone into the run directory).
+    tf_config = json.dumps({"cluster": {"worker": [f"h{i}:1" for i in range(num_workers)],
+                                        task_type: ["e:1"]},
+                            "task": {"type": task_type, "index": 0}})
+    with pytest.raises(ValueError, match=f"task type '{task_type}'.*chief.*worker"):
+        strategy_module.task_from_tf_config(tf_config)
+    monkeypatch.setenv("TF_CONFIG", tf_config)
+    with pytest.raises(ValueError, match=f"task type '{task_type}'"):
+        select_strategy("auto")
+
+
+def test_a_task_index_outside_its_cluster_list_is_refused():
+    tf_config = json.dumps({"cluster": {"worker": ["h0:1", "h1:1"]},
+                            "task": {"type": "worker", "index": 2}})
+    with pytest.raises(ValueError, match=r"index 2.*2 'worker' tasks"):
+        strategy_module.task_from_tf_config(tf_config)
