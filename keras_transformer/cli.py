@@ -407,15 +407,21 @@ def cmd_translate(args):
             progress.close()
         if args.output:
             out.close()
-    if cut:
-        shown = ", ".join(map(str, cut[:20])) + (", ..." if len(cut) > 20 else "")
-        from keras_transformer.export.inference import read_export_metadata
+    _report_cut_lines(args.export, cut, lines)
 
-        limit = read_export_metadata(args.export).get("decoding", {}).get("max_input_length")
-        print(f"{len(cut)} of {lines} lines were longer than the export's max_input_length "
-              f"({limit or 'its'} tokens) and were cut before translating: lines {shown}. "
-              "Split them into sentences, or export with a larger --max-input-length.",
-              file=sys.stderr, flush=True)
+
+def _report_cut_lines(export, cut, lines):
+    """Says on stderr which input lines (1-based numbers `cut`, of `lines`) were cut."""
+    if not cut:
+        return
+    from keras_transformer.export.inference import read_export_metadata
+
+    shown = ", ".join(map(str, cut[:20])) + (", ..." if len(cut) > 20 else "")
+    limit = read_export_metadata(export).get("decoding", {}).get("max_input_length")
+    print(f"{len(cut)} of {lines} lines were longer than the export's max_input_length "
+          f"({limit or 'its'} tokens) and were cut before translating: lines {shown}. "
+          "Split them into sentences, or export with a larger --max-input-length.",
+          file=sys.stderr, flush=True)
 
 
 def _read_parallel(source_path, reference_path):
@@ -521,6 +527,7 @@ def _translate_and_report(args, sources, references, target_lang=None):
     print(f"chrF:                      {scores['chrf']:.2f}")
     print(f"sacreBLEU signatures: BLEU {scores['bleu_signature']}\n"
           f"                      chrF {scores['chrf_signature']}")
+    _report_cut_lines(args.export, scores["truncated_lines"], len(sources))
     if args.json:
         pathlib.Path(args.json).write_text(json.dumps(scores, indent=2))
 

@@ -394,7 +394,9 @@ def evaluate_export(path, sources, references, batch_size=64, signature="transla
     Returns:
         The dict of `evaluate_translations`, plus `seconds` (translation wall time),
         `sentences_per_second`, `batch_size`, `signature`, `model_path` (the version
-        directory) and `translations` (list of str, in order of `sources`).
+        directory), `translations` (list of str, in order of `sources`) and
+        `truncated_lines` (the 1-based numbers of the sources longer than the export's
+        `max_input_length`, cut before translating).
     """
     sources, references = list(sources), list(references)
     if len(sources) != len(references):
@@ -406,9 +408,9 @@ def evaluate_export(path, sources, references, batch_size=64, signature="transla
     if sources:
         translator.translate(sources[:1])  # warm-up, not timed
     start = time.perf_counter()
-    translations = [r["translation"] for r in
-                    translator.translate(sources, batch_size=batch_size, on_batch=on_batch)]
+    results = translator.translate(sources, batch_size=batch_size, on_batch=on_batch)
     seconds = time.perf_counter() - start
+    translations = [r["translation"] for r in results]
     result = evaluate_translations(translations, references, target_lang)
     result.update(
         seconds=seconds,
@@ -417,5 +419,6 @@ def evaluate_export(path, sources, references, batch_size=64, signature="transla
         signature=signature,
         model_path=str(translator.path),
         translations=translations,
+        truncated_lines=[number for number, r in enumerate(results, 1) if r["truncated"]],
     )
     return result

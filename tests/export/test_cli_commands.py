@@ -98,6 +98,13 @@ def test_translate_says_which_lines_were_cut(copy_task, tmp_path, capsys):
               "--output", str(output)])
     err = capsys.readouterr().err
     assert "2 of 4 lines" in err and "lines 2, 4" in err and "max_input_length" in err
+    # evaluate too: its BLEU scores the translations of the cut sources.
+    scores = tmp_path / "scores.json"
+    cli.main(["evaluate", "--export", str(short_export), "--src", str(source), "--ref",
+              str(source), "--json", str(scores)])
+    err = capsys.readouterr().err
+    assert "2 of 4 lines" in err and "lines 2, 4" in err and "max_input_length" in err
+    assert json.loads(scores.read_text())["truncated_lines"] == [2, 4]
     source.write_text("ka\nlo\n", encoding="utf-8")
     cli.main(["translate", "--export", str(short_export), "--input", str(source),
               "--output", str(output)])
