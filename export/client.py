@@ -23,12 +23,14 @@ translation is printed on its own line, in input order (with `--json`, one JSON 
 line with `translation`, `score`, `length` and `truncated`). A request the server cannot take
 now (its batching queue full: UNAVAILABLE, HTTP 503; RESOURCE_EXHAUSTED, HTTP 429; or no
 connection, a server restarting) is sent again after 0.5 s, 1 s, 2 s, ... up to `--retries`
-times (3 by default), each retry said on stderr. Exit status 1 with the server's error
-message when a request fails for good.
+times (3 by default), each retry said on stderr; one of more sentences than the server's
+`max_batch_size` is sent again in requests of that size. Exit status 1 with the server's
+error message when a request fails for good.
 """
 
 import argparse
 import json
+import re
 import sys
 import time
 import urllib.error
@@ -53,6 +55,9 @@ SORT_BUFFER_BATCHES = 16
 RETRYABLE_HTTP_STATUSES = (429, 503)
 RETRYABLE_GRPC_CODES = ("UNAVAILABLE", "RESOURCE_EXHAUSTED")
 FIRST_RETRY_PAUSE = 0.5  # seconds, doubled at every retry
+# TF Serving's answer to a request of more sentences than its max_batch_size (the batching
+# library's message, in TensorFlow's batch_resource_base; INVALID_ARGUMENT, HTTP 400).
+_TOO_LARGE = re.compile(r"Task size \d+ is larger than maximum input batch size (\d+)")
 
 
 class ServerError(RuntimeError):
@@ -65,6 +70,9 @@ class ServerError(RuntimeError):
     def __init__(self, message, retryable=False):
         super().__init__(message)
         self.retryable = retryable
+        # The server's max_batch_size when it refused a request for having more sentences.
+        too_large = _TOO_LARGE.search(message)
+        self.max_batch_size = int(too_large.group(1)) if too_large else None
 
 
 def _rest_base(server):
@@ -187,7 +195,9 @@ def translate_all(sentences, predict, batch_size=64, sort_buffer_batches=SORT_BU
     Reads `batch_size * sort_buffer_batches` sentences, sorts them by UTF-8 length, sends
     them `batch_size` per request through `predict(batch, **predict_kwargs)` (with up to
     `retries` retries: `predict_with_retries`), and yields the buffer's results in the
-    original order before reading the next buffer.
+    original order before reading the next buffer. A request the server refuses for having
+    more sentences than its `max_batch_size` is sent again in requests of that size, as are
+    all later ones (said once on stderr).
 
     Args:
         sentences: iterable of str.
@@ -210,12 +220,24 @@ def translate_all(sentences, predict, batch_size=64, sort_buffer_batches=SORT_BU
             return
         order = sorted(range(len(buffer)), key=lambda i: len(buffer[i].encode("utf-8")))
         results = [None] * len(buffer)
-        for start in range(0, len(order), batch_size):
+        start = 0
+        while start < len(order):
             indices = order[start:start + batch_size]
-            answers = predict_with_retries(predict, [buffer[i] for i in indices], retries,
-                                           sleep, **predict_kwargs)
+            try:
+                answers = predict_with_retries(predict, [buffer[i] for i in indices], retries,
+                                               sleep, **predict_kwargs)
+            except ServerError as error:
+                if error.max_batch_size is None or not 0 < error.max_batch_size < len(indices):
+                    raise
+                batch_size = error.max_batch_size
+                print(f"The server takes at most {batch_size} sentences a request (its "
+                      f"max_batch_size): sending {batch_size} at a time (--batch-size "
+                      f"{batch_size} avoids the refused request).", file=sys.stderr,
+                      flush=True)
+                continue
             for index, answer in zip(indices, answers):
                 results[index] = answer
+            start += len(indices)
         yield from results
 
 
@@ -253,8 +275,9 @@ def _parse_args(argv):
                              "(default %(default)s)")
     parser.add_argument("--grpc", action="store_true", help="use gRPC instead of REST")
     parser.add_argument("--batch-size", type=int, default=64,
-                        help="sentences per request (default %(default)s; at most the "
-                             "server's max_batch_size, 64 in export/batching_parameters.txt)")
+                        help="sentences per request (default %(default)s, the server's "
+                             "max_batch_size in export/batching_parameters.txt; a request "
+                             "the server refuses as larger is sent in requests of its size)")
     parser.add_argument("--timeout", type=float, default=60.0,
                         help="seconds per request (default %(default)s)")
     parser.add_argument("--retries", type=_non_negative, default=3,

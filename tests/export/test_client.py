@@ -267,3 +267,35 @@ def test_stdin_is_translated_as_it_is_read(monkeypatch, capsys):
     assert requests[0] < len(lines)  # the first batch left before the input ended
     assert capsys.readouterr().out.split("\n")[:-1] == (
         [f"SENTENCE {i}" for i in range(count)] + ["CAF\ufffd"])
+
+
+def test_a_request_above_the_servers_max_batch_size_is_sent_in_smaller_ones(capsys):
+    # TF Serving refuses a request of more sentences than its max_batch_size (HTTP 400,
+    # "Task size N is larger than maximum input batch size M"): the client sends that many
+    # at a time instead of failing on a --batch-size above the server's.
+    client = _load_client()
+    sizes = []
+
+    def predict(batch, **unused):
+        sizes.append(len(batch))
+        if len(batch) > 3:
+            raise client.ServerError(
+                "http://localhost:8501/v1/models/translator:predict answered HTTP 400: Task "
+                f"size {len(batch)} is larger than maximum input batch size 3")
+        return [{"translation": s.upper(), "score": -1.0, "length": 1} for s in batch]
+
+    sentences = [f"s{i}" + "x" * (i % 4) for i in range(11)]
+    results = list(client.translate_all(sentences, predict, batch_size=8,
+                                        sort_buffer_batches=2))
+    assert [r["translation"] for r in results] == [s.upper() for s in sentences]
+    assert sizes == [8, 3, 3, 3, 2], sizes  # one refusal, then at most 3 a request
+    assert capsys.readouterr().err.count("at most 3 sentences a request") == 1
+    # Another error is not mistaken for it.
+    with pytest.raises(client.ServerError, match="HTTP 400: bad input"):
+        list(client.translate_all(["a", "b"], _raises(client.ServerError("HTTP 400: bad input"))))
+
+
+def _raises(error):
+    def predict(batch, **unused):
+        raise error
+    return predict
