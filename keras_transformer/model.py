@@ -122,8 +122,12 @@ def build_transformer(
             "d_model or learned_positions=True."
         )
     for rate_name, rate in (("dropout", dropout), ("attention_dropout", attention_dropout)):
-        if rate is not None and not 0.0 <= rate < 1.0:
-            raise ValueError(f"`{rate_name}` must be in [0, 1), got {rate_name}={rate}.")
+        if rate is None and rate_name == "attention_dropout":
+            continue  # the same as `dropout`
+        if not isinstance(rate, (int, float)) or isinstance(rate, bool) or not (
+                0.0 <= rate < 1.0):
+            raise ValueError(f"`{rate_name}` must be a number in [0, 1), got "
+                             f"{rate_name}={rate!r}.")
 
     def embedding(vocab, layer_name):
         return PositionalEmbedding(

@@ -148,13 +148,27 @@ class BlockBase(keras.layers.Layer):
         return config
 
 
-def unpack_decoder_cache(cache):
-    """`(self_attention_cache(s), cross_attention_cache(s), encoder_padding_mask)`, checked."""
+def unpack_decoder_cache(cache, stack=False):
+    """`(self_attention_cache(s), cross_attention_cache(s), encoder_padding_mask)`, checked.
+
+    Args:
+        cache: what the layer was called with.
+        stack: bool, whether the caller is a `Decoder` (per-block tuples of caches) rather
+            than a `DecoderBlock` (one tensor each).
+    """
     if not isinstance(cache, (tuple, list)) or len(cache) != 3:
         raise ValueError(
             "A decoder cache is `(self_attention_cache, cross_attention_cache, "
             "encoder_padding_mask)` as returned by `initialize_cache`, got "
             f"{type(cache).__name__} {cache!r:.200}."
+        )
+    per_block = isinstance(cache[0], (tuple, list))
+    if per_block != stack:
+        owner, other = ("Decoder", "DecoderBlock") if stack else ("DecoderBlock", "Decoder")
+        raise ValueError(
+            f"This cache is a {other}'s (its parts are "
+            f"{'tuples of per-block tensors' if per_block else 'tensors'}); a {owner} takes "
+            f"the cache of its own `initialize_cache` ({owner}.initialize_cache)."
         )
     return tuple(cache)
 

@@ -111,7 +111,7 @@ class Decoder(Encoder):
         skip_padding=None,
     ):
         if cache is not None:
-            cache = unpack_decoder_cache(cache)
+            cache = unpack_decoder_cache(cache, stack=True)
         if padding_mask is None and cache is None:
             padding_mask = masking.keras_mask(inputs)
         if encoder_padding_mask is None and encoder_outputs is not None:
@@ -184,11 +184,11 @@ class Decoder(Encoder):
             if cache is None:
                 memory_length = encoder_outputs.shape[1]
             else:
-                memory_length = unpack_decoder_cache(cache)[1][0].shape[2]
+                memory_length = unpack_decoder_cache(cache, stack=True)[1][0].shape[2]
             scores = self._decoder_scores_spec(inputs, memory_length, cache is not None)
             results += ([dict(scores) for _ in range(self.num_layers)],)
         if cache is not None:
-            self_caches, cross_caches, mask = unpack_decoder_cache(cache)
+            self_caches, cross_caches, mask = unpack_decoder_cache(cache, stack=True)
             results += (
                 (
                     tuple(spec_like(part) for part in self_caches),

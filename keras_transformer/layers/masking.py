@@ -48,6 +48,27 @@ def check_mask_rank(name, value, form="(B, S)"):
         raise ValueError(f"`{name}` must be {form}, got shape {tuple(value.shape)}.")
 
 
+def _check_mask_sizes(name, mask, sizes):
+    """Refuses a mask whose known sizes differ from the known `sizes` (`(B, S)` or
+    `(B, T, S)`; a batch of 1 broadcasts). A `(B, 1)` padding mask broadcast over every key
+    hid all of them or none; a mask one position longer failed in a LogicalAnd naming no
+    argument."""
+    if mask is None:
+        return
+    shape = tuple(mask.shape)
+    known = [s if isinstance(s, int) else None for s in sizes]
+    wrong = [
+        axis for axis, (size, want) in enumerate(zip(shape, known))
+        if size is not None and want is not None and size != want
+        and not (axis == 0 and size == 1)
+    ]
+    if wrong:
+        form = "(B, S)" if len(sizes) == 2 else "(B, T, S)"
+        expected = tuple("?" if want is None else want for want in known)
+        raise ValueError(f"`{name}` must be {form} = {expected} for these inputs, got shape "
+                         f"{shape}.".replace("'?'", "?"))
+
+
 def merge_masks(
     padding_mask=None,
     attention_mask=None,
@@ -55,8 +76,10 @@ def merge_masks(
     query_length=None,
     key_length=None,
     causal_offset=0,
+    batch_size=None,
 ):
-    """Combines the mask arguments of an attention call into one `(B or 1, T, S)` bool mask.
+    """Combines the mask arguments of an attention call into one `(B or 1, T or 1, S)` bool
+    mask.
 
     Args:
         padding_mask: bool or int `(B, S)`, `True`/non-zero for real key positions.
@@ -65,13 +88,20 @@ def merge_masks(
         query_length: T, needed for the causal mask.
         key_length: S, needed for the causal mask.
         causal_offset: absolute position of the first query (cached decoding).
+        batch_size: int or `None`, B where known, to check the masks' batch against.
 
     Returns:
-        bool tensor `(B, T, S)` (or `(1, T, S)` with only a causal mask), or `None` when there is
-        nothing to mask.
+        bool tensor `(B, T, S)`, `(B, 1, S)` with only a padding mask, `(1, T, S)` with only
+        a causal mask, or `None` when there is nothing to mask.
+
+    Raises:
+        ValueError: a mask of another rank, or of another size than B (or 1), T and S where
+            both are known before running.
     """
     check_mask_rank("padding_mask", padding_mask)
     check_mask_rank("attention_mask", attention_mask, "(B, T, S)")
+    _check_mask_sizes("padding_mask", padding_mask, (batch_size, key_length))
+    _check_mask_sizes("attention_mask", attention_mask, (batch_size, query_length, key_length))
     mask = None
     if padding_mask is not None:
         mask = ops.expand_dims(ops.cast(padding_mask, "bool"), 1)  # (B, 1, S)

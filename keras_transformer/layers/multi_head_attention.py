@@ -119,6 +119,9 @@ class MultiHeadAttention(keras.layers.Layer):
         )
 
     def build(self, query_shape, value_shape=None, key_shape=None):
+        check_rank("query", query_shape, "(B, T, d)")
+        check_rank("value", value_shape, "(B, S, d)")
+        check_rank("key", key_shape, "(B, S, d)")
         d_model = query_shape[-1]
         if d_model is None:
             raise ValueError("The last dimension of `query` (d_model) must be known.")
@@ -181,11 +184,16 @@ class MultiHeadAttention(keras.layers.Layer):
         return_attention_scores=False,
         training=None,
     ):
+        check_rank("query", getattr(query, "shape", None), "(B, T, d)")
+        check_rank("value", getattr(value, "shape", None), "(B, S, d)")
+        check_rank("key", getattr(key, "shape", None), "(B, S, d)")
         if padding_mask is None and cache is None:
             padding_mask = masking.keras_mask(value)
         key = value if key is None else key
         query_heads = self._split_heads(self._query_dense(query))  # (B, T, H, d_k)
         causal_offset = 0
+        if cache is not None:
+            self._check_cache(cache, query, "T_max" if cache_index is not None else "S")
         if cache is not None and cache_index is None:
             # Cross-attention over keys/values projected once from the encoder output.
             key_heads, value_heads = cache[:, 0], cache[:, 1]
@@ -193,7 +201,7 @@ class MultiHeadAttention(keras.layers.Layer):
             key_heads = self._split_heads(self._key_dense(key))  # (B, S, H, d_k)
             value_heads = self._split_heads(self._value_dense(value))  # (B, S, H, d_v)
             if cache is not None:
-                _check_cache_room(cache, cache_index, query_heads.shape[1])
+                cache_index = _checked_cache_index(cache, cache_index, query_heads.shape[1])
                 # Write the new positions into the fixed-size cache, then attend over all of it.
                 update = ops.stack([key_heads, value_heads], axis=1)  # (B, 2, T, H, d_k)
                 zero = ops.zeros((), "int32")
@@ -205,6 +213,9 @@ class MultiHeadAttention(keras.layers.Layer):
                 key_heads, value_heads = cache[:, 0, :written], cache[:, 1, :written]
                 causal_offset = cache_index
                 use_causal_mask = True  # causal among the new queries themselves
+                if attention_mask is not None and attention_mask.shape[-1] == cache.shape[2]:
+                    # A mask over the whole cache (keras-hub's form): its written part.
+                    attention_mask = attention_mask[..., :written]
         mask = masking.merge_masks(
             padding_mask=padding_mask,
             attention_mask=attention_mask,
@@ -212,6 +223,7 @@ class MultiHeadAttention(keras.layers.Layer):
             query_length=ops.shape(query_heads)[1],
             key_length=ops.shape(key_heads)[1],
             causal_offset=causal_offset,
+            batch_size=query_heads.shape[0],
         )
         outputs, scores = self._attend(
             query_heads, key_heads, value_heads, mask, return_attention_scores, training
@@ -223,6 +235,21 @@ class MultiHeadAttention(keras.layers.Layer):
         if cache is not None:
             results += (cache,)
         return results[0] if len(results) == 1 else results
+
+    def _check_cache(self, cache, query, positions):
+        """Refuses a cache whose static shape is not `(B, 2, positions, H, d_k)` for this layer
+        and `query`'s batch (it failed deep in an einsum or a slice update)."""
+        shape = tuple(getattr(cache, "shape", ()))
+        form = f"(B, 2, {positions}, {self.num_heads}, {self._head_dim})"
+        expected = (None, 2, None, self.num_heads, self._head_dim)
+        if len(shape) != 5 or any(size is not None and want is not None and size != want
+                                  for size, want in zip(shape, expected)):
+            raise ValueError(f"`cache` must be {form}, as `initialize_cache` makes it for this "
+                             f"layer, got shape {shape}.")
+        batch = query.shape[0]
+        if shape[0] is not None and batch is not None and shape[0] != batch:
+            raise ValueError(f"The `cache` holds a batch of {shape[0]} sentences, the query "
+                             f"{batch}: initialize the cache from a memory of the same batch.")
 
     def call_packed(self, query_rows, query_layout, value_rows, value_layout,
                     use_causal_mask=False, training=None):
@@ -328,20 +355,43 @@ class MultiHeadAttention(keras.layers.Layer):
         return config
 
 
-def _check_cache_room(cache, cache_index, length):
-    """Refuses to write past a fixed-size cache where the index is known before running
-    (a Python, NumPy or eager integer): the update would be clamped into the last positions
-    and the step would attend a cache it had half overwritten."""
+def check_rank(name, shape, form):
+    """Refuses an input `name` whose `shape` (a tuple, or `None` when not given) has another
+    rank than `form` (a rank-2 query failed in a reshape that named no argument)."""
+    if shape is not None and len(shape) != len(form.split(",")):
+        raise ValueError(f"`{name}` must be {form}, got shape {tuple(shape)}.")
+
+
+def _checked_cache_index(cache, cache_index, length):
+    """`cache_index`, refused unless one integer whose `length` new positions fit the cache.
+
+    Writing past a fixed-size cache would clamp the update into its last positions, and the
+    step would attend a cache it had half overwritten. An index known before running (a
+    Python, NumPy or eager integer) is checked here; a graph tensor (a `tf.function` or
+    `while_loop` step) gets a runtime assertion (which XLA, having none, compiles away).
+    """
+    if len(getattr(cache_index, "shape", ())) != 0:
+        raise ValueError(
+            "`cache_index` must be one integer for the whole batch (every row decodes the "
+            f"same position), got shape {tuple(cache_index.shape)}."
+        )
     positions = cache.shape[2]
     if positions is None or length is None:
-        return
+        return cache_index
+    message = (f"with {length} new position(s) does not fit a cache of {positions} "
+               "positions: initialize_cache(..., max_length) bounds the positions a cached "
+               "decoder writes.")
     try:
         index = int(cache_index)
     except (TypeError, ValueError):  # a symbolic index: known only when the graph runs
-        return
+        if keras.backend.backend() != "tensorflow" or isinstance(cache_index, keras.KerasTensor):
+            return cache_index
+        import tensorflow as tf
+
+        index = tf.cast(cache_index, tf.int32)
+        fits = tf.logical_and(index >= 0, index + length <= positions)
+        with tf.control_dependencies([tf.debugging.Assert(fits, ["cache_index", index, message])]):
+            return tf.identity(index)
     if index < 0 or index + length > positions:
-        raise ValueError(
-            f"cache_index={index} with {length} new position(s) does not fit a cache of "
-            f"{positions} positions: initialize_cache(..., max_length) bounds the positions "
-            "a cached decoder writes."
-        )
+        raise ValueError(f"cache_index={index} {message}")
+    return cache_index

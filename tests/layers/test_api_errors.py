@@ -109,3 +109,100 @@ def test_build_transformer_takes_numpy_integers():
     model = build_transformer(vocab_size=ids.max() + 1, d_model=16, num_heads=2, ff_dim=32,
                               num_layers=1)
     assert model.get_layer("embedding").vocab_size == 100
+
+
+def test_decoding_past_the_cache_is_refused_in_a_graph_too():
+    # In a tf.function the index is a tensor: the write was clamped into the last slot and
+    # the step attended a half-overwritten cache, silently.
+    import tensorflow as tf
+
+    decoder = Decoder(num_layers=1, num_heads=2, ff_dim=16)
+    memory = keras.random.normal((2, 5, 8))
+    decoder(keras.random.normal((2, 3, 8)), memory)
+    step = tf.function(lambda x, c, i: decoder(x, None, cache=c, cache_index=i))
+    cache = decoder.initialize_cache(memory, max_length=3)
+    x = keras.random.normal((2, 1, 8))
+    for index in range(3):
+        _, cache = step(x, cache, tf.constant(index))
+    with pytest.raises(tf.errors.InvalidArgumentError, match="cache_index.*3 positions"):
+        step(x, cache, tf.constant(3))
+
+
+def test_caches_of_the_wrong_form_are_refused_naming_them():
+    decoder = Decoder(num_layers=1, num_heads=4, ff_dim=32)
+    x, memory = keras.random.normal((2, 1, 16)), keras.random.normal((2, 6, 16))
+    decoder(x, memory)
+    block = decoder.blocks[0]
+    stack_cache = decoder.initialize_cache(memory, max_length=5)
+    block_cache = block.initialize_cache(memory, max_length=5)
+    with pytest.raises(ValueError, match=r"`cache_index` must be one integer.*\(2,\)"):
+        decoder(x, None, cache=stack_cache, cache_index=np.array([0, 3]))
+    with pytest.raises(ValueError, match=r"cache.*batch of 3.*2"):
+        block(x, None, cache=(np.zeros((3, 2, 5, 4, 4), "float32"),) + block_cache[1:],
+              cache_index=0)
+    with pytest.raises(ValueError, match=r"cache.*\(B, 2, T_max, 4, 4\).*\(2, 2, 5, 2, 8\)"):
+        block(x, None, cache=(np.zeros((2, 2, 5, 2, 8), "float32"),) + block_cache[1:],
+              cache_index=0)
+    with pytest.raises(ValueError, match=r"DecoderBlock.*Decoder\.initialize_cache"):
+        decoder(x, None, cache=block_cache, cache_index=0)
+    with pytest.raises(ValueError, match=r"Decoder.*DecoderBlock\.initialize_cache"):
+        block(x, None, cache=stack_cache, cache_index=0)
+    assert block(x, None, cache=block_cache, cache_index=0)[0].shape == (2, 1, 16)
+
+
+def test_masks_of_the_wrong_size_are_refused():
+    attention = MultiHeadAttention(num_heads=2)
+    x = keras.random.normal((2, 5, 8))
+    # A (B, 1) mask broadcast over every key: all False gave uniform attention to padding.
+    with pytest.raises(ValueError, match=r"`padding_mask`.*\(2, 5\).*\(2, 1\)"):
+        attention(x, x, padding_mask=np.zeros((2, 1), "bool"))
+    with pytest.raises(ValueError, match=r"`padding_mask`.*\(2, 5\).*\(2, 6\)"):
+        attention(x, x, padding_mask=np.ones((2, 6), "bool"))
+    with pytest.raises(ValueError, match=r"`padding_mask`.*\(2, 5\).*\(3, 5\)"):
+        attention(x, x, padding_mask=np.ones((3, 5), "bool"))
+    with pytest.raises(ValueError, match=r"`attention_mask`.*\(2, 5, 5\).*\(2, 5, 6\)"):
+        attention(x, x, attention_mask=np.ones((2, 5, 6), "bool"))
+    block = DecoderBlock(num_heads=2, ff_dim=16)
+    memory = keras.random.normal((2, 6, 8))
+    with pytest.raises(ValueError, match=r"`encoder_padding_mask`|`padding_mask`"):
+        block(x, memory, padding_mask=np.ones((2, 6), "bool"),  # the two masks swapped
+              encoder_padding_mask=np.ones((2, 5), "bool"))
+    # Symbolic lengths are not checked here; Keras masks (B, S) of Input(shape=(None,)) pass.
+    inputs = keras.Input(shape=(None, 8))
+    mask = keras.Input(shape=(None,), dtype="bool")
+    assert attention(inputs, inputs, padding_mask=mask).shape[-1] == 8
+
+
+def test_inputs_of_the_wrong_rank_are_refused_naming_them():
+    attention = MultiHeadAttention(num_heads=2)
+    x = keras.random.normal((2, 5, 8))
+    with pytest.raises(ValueError, match=r"`query` must be \(B, T, d\).*\(2, 8\)"):
+        attention(x[:, 0], x)
+    with pytest.raises(ValueError, match=r"`value` must be \(B, S, d\).*\(2, 5, 1, 8\)"):
+        attention(x, x[:, :, None])
+    with pytest.raises(ValueError, match=r"`query` must be \(B, T, d\)"):
+        Encoder(1, 2, 16)(x[:, 0])
+
+
+def test_build_transformer_refuses_a_dropout_of_none():
+    with pytest.raises(ValueError, match="dropout.*None"):
+        build_transformer(100, d_model=16, num_heads=2, ff_dim=32, num_layers=1, dropout=None)
+
+
+def test_a_cached_call_takes_an_attention_mask_over_the_whole_cache():
+    # keras-hub's cached attention takes (B, T, T_max): it failed in an einsum here.
+    block = DecoderBlock(num_heads=2, ff_dim=16)
+    x, memory = keras.random.normal((2, 3, 8)), keras.random.normal((2, 4, 8))
+    block(x, memory)
+    cache = block.initialize_cache(memory, max_length=5)
+    _, cache = block(x[:, :1], None, cache=cache, cache_index=0)
+    step = x[:, 1:2]
+    expected, _ = block(step, None, cache=cache, cache_index=1)
+    whole = np.zeros((2, 1, 5), "bool")
+    whole[:, :, :2] = True  # the written positions
+    got, _ = block(step, None, cache=cache, cache_index=1, attention_mask=whole)
+    np.testing.assert_allclose(got, expected, atol=1e-6)
+    hide_first = whole.copy()
+    hide_first[:, :, 0] = False
+    other, _ = block(step, None, cache=cache, cache_index=1, attention_mask=hide_first)
+    assert np.abs(np.asarray(other) - np.asarray(expected)).max() > 1e-4
