@@ -186,6 +186,86 @@ def save_atomically(model, path):
             os.remove(temporary)
 
 
+class AtomicBackupAndRestore(keras.callbacks.BackupAndRestore):
+    """Keras' `BackupAndRestore` whose backup is whole at every moment.
+
+    Keras rewrites `backup/latest.weights.h5` in place, then the epoch in
+    `training_metadata.json`: a kill (a preemption, a Ctrl-C) or a full disk during the
+    first write left a backup that could not be read, and one between the two writes
+    resumed an epoch's weights under the previous epoch's number. Here every backup writes
+    its weights to a new file, then the metadata naming that file (atomically, renamed over
+    the old one), then removes the older weights: the metadata always names a complete file
+    of its epoch. A backup written by Keras' own callback (no file named) is still read.
+    """
+
+    def on_train_begin(self, logs=None):
+        self._load_model()
+
+    def _load_model(self):
+        if not self.model.built:
+            raise ValueError("To resume from a backup the model must be built before `fit`.")
+        if not os.path.isfile(self._training_metadata_path):
+            return
+        with open(self._training_metadata_path, encoding="utf-8") as f:
+            metadata = json.load(f)
+        weights = os.path.join(self.backup_dir, metadata.get("weights", "latest.weights.h5"))
+        if os.path.isfile(weights):
+            if self.model.optimizer is not None and not self.model.optimizer.built:
+                self.model.optimizer.build(self.model.trainable_variables)
+            self.model.load_weights(weights)
+        self.model._initial_epoch = metadata["epoch"]
+
+    def _save_model(self):
+        os.makedirs(self.backup_dir, exist_ok=True)
+        name = f"epoch-{self._current_epoch}-batch-{self._last_batch_seen}.weights.h5"
+        self.model.save_weights(os.path.join(self.backup_dir, name), overwrite=True)
+        write_json_atomically(self._training_metadata_path, {
+            "epoch": self._current_epoch, "batch": self._last_batch_seen, "weights": name})
+        for other in glob.glob(os.path.join(glob.escape(self.backup_dir), "*.weights.h5")):
+            if os.path.basename(other) != name:
+                os.remove(other)
+
+
+class FinalModelSaver(keras.callbacks.Callback):
+    """Saves the trained model atomically when `fit` ends, before the backup is deleted.
+
+    Place it before the backup callback: `on_train_end` runs in the callbacks' order, so a
+    kill during this save leaves the backup to resume from (and no half-written model).
+    """
+
+    def __init__(self, filepath):
+        super().__init__()
+        self.filepath = str(filepath)
+
+    def on_train_end(self, logs=None):
+        save_atomically(self.model, self.filepath)
+
+
+class DropoutSeeds(keras.callbacks.Callback):
+    """Sets every random seed generator of the model (dropout's) from the run's seed and the
+    epoch at the start of each epoch.
+
+    A seed generator's state is not among the weights a backup saves, and a process
+    restarts it from its initial seed: a resumed run drew other dropout masks than an
+    uninterrupted one, and ended with other weights. With the state a function of
+    `(seed, generator path, epoch)` every epoch draws the same masks however the run got
+    there (a resumed run resumes at an epoch's start).
+    """
+
+    def __init__(self, seed):
+        super().__init__()
+        self.seed = int(seed)
+
+    def on_epoch_begin(self, epoch, logs=None):
+        import zlib
+
+        for variable in self.model.variables:
+            if variable.name != "seed_generator_state":
+                continue
+            stream = (self.seed * 2_654_435_761 + zlib.crc32(variable.path.encode())) % 2**31
+            variable.assign(np.array([stream, epoch << 32], dtype=variable.dtype))
+
+
 class ModelSaver(keras.callbacks.Callback):
     """Saves the model (or its weights) after every epoch, or with `monitor` only when the
     monitored value beats the best so far; each save atomic (`save_atomically`).
@@ -678,8 +758,12 @@ def make_callbacks(
     time_budget_minutes=None,
     cooldown_schedule=None,
     cooldown_fraction=0.0,
+    final_model_path=None,
+    seed=None,
 ):
     """The standard callbacks of a run, in the order `fit` must see them.
+
+    - `DropoutSeeds(seed)` first, if `seed` is given;
 
     - `bleu_callback` (if given) first, so `val_bleu` is in the epoch logs the others see;
     - `ModelSaver` saving the latest model every epoch to
@@ -693,8 +777,10 @@ def make_callbacks(
       installed: TensorFlow 2.21 no longer depends on it);
     - `run_history` (a `RunHistory`), if given, then a `TimeBudget` reading it if
       `time_budget_minutes` is set, and a `BudgetCooldown` if `cooldown_fraction` is too;
-    - `BackupAndRestore` under `<output_dir>/backup`, last, so it backs up an epoch only
-      after everything else has handled it. Rerunning the same `fit` call after the
+    - `FinalModelSaver(final_model_path)`, if given: the trained model, saved when `fit`
+      ends, before the backup is deleted;
+    - `AtomicBackupAndRestore` under `<output_dir>/backup`, last, so it backs up an epoch
+      only after everything else has handled it. Rerunning the same `fit` call after the
       process was killed restores the weights, the optimizer state (step count, Adam
       moments) and the epoch, and continues from the last completed epoch. The backup is
       deleted when training finishes.
@@ -727,6 +813,11 @@ def make_callbacks(
         cooldown_fraction: float, with `time_budget_minutes`, plan the cooldown of
             `cooldown_schedule` over this share of the updates the budget is predicted to
             hold (see `BudgetCooldown`); `0` plans nothing. Defaults to `0.0`.
+        final_model_path: str or `None`, where to save the trained model when `fit` ends
+            (atomically, before the backup is deleted). Defaults to `None`.
+        seed: int or `None`, the run's seed, from which `DropoutSeeds` sets the dropout
+            random state at every epoch (so a resumed run draws the same masks); `None`
+            adds no `DropoutSeeds`. Defaults to `None`.
 
     Returns:
         A list of `keras.callbacks.Callback`.
@@ -745,7 +836,9 @@ def make_callbacks(
     suffix = _WEIGHTS_SUFFIX if save_weights_only else _MODEL_SUFFIX
     checkpoint_dir = os.path.join(output_dir, "checkpoints")
     os.makedirs(checkpoint_dir, exist_ok=True)
-    callbacks = [] if bleu_callback is None else [bleu_callback]
+    callbacks = [] if seed is None else [DropoutSeeds(seed)]
+    if bleu_callback is not None:
+        callbacks.append(bleu_callback)
     callbacks.append(ModelSaver(os.path.join(checkpoint_dir, "last" + suffix)))
     if best_monitor is not None:
         callbacks.append(ModelSaver(
@@ -778,9 +871,9 @@ def make_callbacks(
                 cooldown_schedule, cooldown_fraction, time_budget_minutes, run_history))
     elif cooldown_fraction:
         raise ValueError("`cooldown_fraction` is planned within a `time_budget_minutes`.")
+    if final_model_path is not None:
+        callbacks.append(FinalModelSaver(final_model_path))
     callbacks.append(
-        keras.callbacks.BackupAndRestore(
-            os.path.join(output_dir, "backup"), save_freq=backup_save_freq
-        )
+        AtomicBackupAndRestore(os.path.join(output_dir, "backup"), save_freq=backup_save_freq)
     )
     return callbacks

@@ -673,6 +673,8 @@ def _train(config, output_dir, write_dir, strategy, data_dir, local_dir, make_tr
         time_budget_minutes=config.time_budget_minutes,
         cooldown_schedule=learning_rate_schedule(model.optimizer),
         cooldown_fraction=config.lr_cooldown if config.time_budget_minutes else 0.0,
+        final_model_path=str(write_dir / "model.keras") if chief else None,
+        seed=config.seed,
     )
     late_dropout = []
     if config.late_dropout is not None:
@@ -691,9 +693,7 @@ def _train(config, output_dir, write_dir, strategy, data_dir, local_dir, make_tr
         # Other workers print one line per epoch: the chief's progress bar is the run's.
         verbose=verbose if chief else 2,
     )
-    if chief:
-        model.save(write_dir / "model.keras")
-    else:
+    if not chief:  # the chief saved model.keras as fit ended (FinalModelSaver)
         shutil.rmtree(write_dir, ignore_errors=True)
     return TrainingRun(
         model=model,

@@ -1,14 +1,17 @@
 """Child script of the run-life tests: one `train` call of the real model, that can die.
 
 Usage: `python run_child.py OUTPUT_DIR RESULT_NPZ --tfds-dir DIR [--epochs N]
-[--kill-after-epoch E] [--kill-at-batch B] [--time-budget MINUTES]`.
+[--kill-after-epoch E] [--kill-at-batch B] [--time-budget MINUTES]
+[--die-writing backup:E | final]`.
 
 Trains the tiny preset (on a small training subset, full shuffled epochs) through
 `keras_transformer.training.trainer.train`, the code path of `keras-transformer train`.
 With `--kill-after-epoch E` the process SIGKILLs itself once epoch E (1-based) is backed
 up, or, with `--kill-at-batch B` as well, after batch B of epoch E + 1 (mid-epoch), like
-a preempted job. At the end it writes the weights, every optimizer variable and the
-epochs this process ran to RESULT_NPZ.
+a preempted job. With `--die-writing backup:E` it SIGKILLs itself halfway through writing
+the backup of epoch E (the file it writes holds garbage), with `--die-writing final`
+halfway through writing the final `model.keras`. At the end it writes the weights, every
+optimizer variable and the epochs this process ran to RESULT_NPZ.
 """
 
 import argparse
@@ -52,6 +55,36 @@ class Killer(keras.callbacks.Callback):
         self._epoch = epoch
 
 
+def die_writing(what):
+    """Patches Keras' savers to SIGKILL this process in the middle of writing `what`."""
+    kind, _, epoch = what.partition(":")
+    saves = {"count": 0}
+
+    def half_written(path):
+        with open(path, "wb") as f:
+            f.write(b"\x89HDF half a file")
+        sys.stdout.flush()
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    save_weights, save = keras.Model.save_weights, keras.Model.save
+
+    def patched_save_weights(self, filepath, *args, **kwargs):
+        if kind == "backup" and os.sep + "backup" + os.sep in os.fspath(filepath):
+            saves["count"] += 1
+            if saves["count"] == int(epoch):
+                half_written(filepath)
+        return save_weights(self, filepath, *args, **kwargs)
+
+    def patched_save(self, filepath, *args, **kwargs):
+        path = os.fspath(filepath)
+        if kind == "final" and os.sep + "checkpoints" + os.sep not in path and (
+                path.endswith("model.keras")):
+            half_written(filepath)
+        return save(self, filepath, *args, **kwargs)
+
+    keras.Model.save_weights, keras.Model.save = patched_save_weights, patched_save
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("output_dir")
@@ -61,11 +94,15 @@ def main():
     parser.add_argument("--kill-after-epoch", type=int)
     parser.add_argument("--kill-at-batch", type=int)
     parser.add_argument("--time-budget", type=float, help="time_budget_minutes")
+    parser.add_argument("--die-writing", help="backup:E or final")
     args = parser.parse_args()
+    if args.die_writing:
+        die_writing(args.die_writing)
 
     config = get_preset("tiny").replace(
         epochs=args.epochs, steps_per_epoch=None, train_subset=TRAIN_SUBSET, bleu_sentences=0,
         time_budget_minutes=args.time_budget,
+        dropout=0.1,  # as the real presets: resuming must replay dropout's random draws too
     )
     epochs_run = []
     callbacks = [keras.callbacks.LambdaCallback(

@@ -109,14 +109,17 @@ TENSORBOARD_INSTALLED = importlib.util.find_spec("tensorboard") is not None
 
 def test_make_callbacks_layout_and_order(tmp_path):
     bleu = BleuCallback(ScriptedTranslator([["a dog runs ."] * 3] * 2), SOURCES, REFERENCES)
-    callbacks = make_callbacks(str(tmp_path), bleu_callback=bleu, best_monitor="val_bleu")
+    callbacks = make_callbacks(str(tmp_path), bleu_callback=bleu, best_monitor="val_bleu",
+                               final_model_path=str(tmp_path / "model.keras"), seed=7)
     kinds = [type(c).__name__ for c in callbacks]
-    expected = ["BleuCallback", "ModelSaver", "ModelSaver"]
-    expected += ["TensorBoard"] * TENSORBOARD_INSTALLED + ["BackupAndRestore"]
+    expected = ["DropoutSeeds", "BleuCallback", "ModelSaver", "ModelSaver"]
+    expected += ["TensorBoard"] * TENSORBOARD_INSTALLED
+    expected += ["FinalModelSaver", "AtomicBackupAndRestore"]
     assert kinds == expected
-    assert callbacks[2].monitor == "val_bleu" and callbacks[2].mode == "max"
+    assert callbacks[3].monitor == "val_bleu" and callbacks[3].mode == "max"
     assert callbacks[-1].backup_dir == str(tmp_path / "backup")
     _tiny_fit(callbacks, epochs=2)
+    assert os.path.exists(tmp_path / "model.keras")
     assert os.path.exists(tmp_path / "checkpoints" / "last.keras")
     assert os.path.exists(tmp_path / "checkpoints" / "best.keras")  # saw val_bleu in logs
     if TENSORBOARD_INSTALLED:
@@ -522,3 +525,21 @@ def test_the_best_so_far_skips_epochs_without_the_value_and_nan(tmp_path):
     assert best.best == 30.0 and not os.path.exists(tmp_path / "checkpoints" / "best.keras")
     best.on_epoch_end(5, {"val_bleu": 31.0})
     assert os.path.exists(tmp_path / "checkpoints" / "best.keras")
+
+
+def test_the_atomic_backup_reads_a_backup_of_keras_own_callback(tmp_path):
+    # A run interrupted before this change left Keras' backup/latest.weights.h5.
+    from keras_transformer.training.callbacks import AtomicBackupAndRestore
+
+    backup = str(tmp_path / "backup")
+    trained, _ = _tiny_fit([keras.callbacks.BackupAndRestore(backup, delete_checkpoint=False)],
+                           epochs=1)
+    assert sorted(os.listdir(backup)) == ["latest.weights.h5", "training_metadata.json"]
+    epochs = []
+    log = keras.callbacks.LambdaCallback(on_epoch_begin=lambda epoch, logs: epochs.append(epoch))
+    restored = AtomicBackupAndRestore(backup)
+    _tiny_fit([log, restored], epochs=1)  # epoch 1 of 1 already done: nothing runs
+    assert epochs == []
+    for got, want in zip(restored.model.get_weights(), trained.get_weights()):
+        np.testing.assert_array_equal(got, want)
+    assert not os.path.exists(backup)  # deleted when training ends, as Keras' is

@@ -84,6 +84,26 @@ def test_killed_run_resumes_exactly(reference, tmp_path, multi30k_tfds_dir):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("moment", ["backup:2", "final"])
+def test_a_kill_while_a_file_is_half_written_loses_nothing(reference, tmp_path,
+                                                            multi30k_tfds_dir, moment):
+    # The backup was rewritten in place (a half-written one could not be read: only
+    # --overwrite got out), and deleted before the final model.keras was written (in place:
+    # a kill then left a broken model.keras, or nothing to resume from).
+    run = tmp_path / "run"
+    killed = _run(run, tmp_path / "never.npz", multi30k_tfds_dir, "--die-writing", moment)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-4000:]
+    resumed = _run(run, tmp_path / "resumed.npz", multi30k_tfds_dir)
+    assert resumed.returncode == 0, resumed.stderr[-4000:]
+    actual = np.load(tmp_path / "resumed.npz")
+    assert actual["epochs_run"].tolist() == ([1, 2] if moment == "backup:2" else [])
+    _assert_same_state(actual, np.load(reference / "result.npz"))
+    assert not (run / "backup").exists()
+    again = _run(run, tmp_path / "again.npz", multi30k_tfds_dir)  # model.keras is whole
+    assert again.returncode == 0 and "nothing to train" in again.stdout, again.stderr[-4000:]
+
+
+@pytest.mark.slow
 def test_finished_run_continues_to_more_epochs(reference, tmp_path, multi30k_tfds_dir):
     run = tmp_path / "run"
     first = _run(run, tmp_path / "two.npz", multi30k_tfds_dir, "--epochs", "2")
