@@ -551,7 +551,8 @@ def build_parser():
         help=f"tiny | quick | multi30k (default: an existing run's own configuration, else "
              f"{DEFAULT_PRESET})")
     train.add_argument("--config", help="a JSON or YAML TrainingConfig file (overrides --preset)")
-    train.add_argument("--set", nargs="*", metavar="FIELD=VALUE", help="override config fields")
+    train.add_argument("--set", nargs="*", action="extend", metavar="FIELD=VALUE",
+                       help="override config fields (several --set add up)")
     train.add_argument("--epochs", type=int)
     train.add_argument("--output", required=True, help="run directory")
     train.add_argument("--overwrite", action="store_true", help="delete an existing run first")

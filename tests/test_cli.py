@@ -71,6 +71,17 @@ def test_config_overrides_are_typed(tmp_path):
         32, 0.2, 3, "mixed_bfloat16")
 
 
+def test_every_set_option_counts(tmp_path):
+    # A second --set replaced the first (vocab_size and epochs fell back to the preset's).
+    from keras_transformer.cli import _load_config
+
+    args = build_parser().parse_args(
+        ["train", "--output", str(tmp_path), "--preset", "tiny", "--set", "d_model=32",
+         "epochs=5", "--set", "dropout=0.2"])
+    config = _load_config(args)
+    assert (config.d_model, config.epochs, config.dropout) == (32, 5, 0.2)
+
+
 def test_mixed_precision_auto_is_kept_for_the_trainer_to_resolve(tmp_path):
     from keras_transformer.cli import _load_config
 
