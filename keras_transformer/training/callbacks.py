@@ -357,6 +357,13 @@ class RunHistory(keras.callbacks.Callback):
         """float, the training time of all epochs so far, over every process of the run."""
         return float(sum(self.epoch_seconds))
 
+    def on_train_begin(self, logs=None):
+        # The file may record an epoch the backup lost (killed between the two writes): a
+        # run resumed to no further epoch must not keep it.
+        if os.path.isfile(self.path) and (
+                read_run_history(self.path)["epochs"] != len(self.epoch_seconds)):
+            write_json_atomically(self.path, self.record(), indent=2)
+
     def on_epoch_begin(self, epoch, logs=None):
         self._epoch_started = time.time()
 
@@ -742,6 +749,14 @@ def epoch_checkpoints(directory):
         if match:
             found.append((int(match.group(1)), path))
     return [path for _, path in sorted(found)]
+
+
+def drop_epoch_checkpoints_after(directory, epochs):
+    """Removes the `EpochCheckpoints` files in `directory` of epochs after `epochs` (those a
+    process killed before its backup wrote: the resumed run trains those epochs again)."""
+    for path in epoch_checkpoints(directory):
+        if int(_EPOCH_CHECKPOINT_RE.search(os.path.basename(path)).group(1)) > epochs:
+            os.remove(path)
 
 
 def make_callbacks(

@@ -37,6 +37,7 @@ from keras_transformer.training.callbacks import (
     BleuCallback,
     LateDropout,
     RunHistory,
+    drop_epoch_checkpoints_after,
     make_callbacks,
     plan_cooldown,
     read_run_history,
@@ -567,6 +568,10 @@ def _train(config, output_dir, write_dir, strategy, data_dir, local_dir, make_tr
     previous = read_run_history(
         (continue_from.parent if continue_from else write_dir) / "history.json", initial_epoch
     )
+    if chief:
+        # Killed after an epoch's checkpoints, before its backup: that epoch is trained
+        # again (or, resumed to fewer epochs, not at all); `average` must not take it.
+        drop_epoch_checkpoints_after(write_dir / "checkpoints", initial_epoch)
     if chief and not initial_epoch and config.data in ("files", "tsv"):
         # A new run: the user's test sets are found missing or unaligned now, not at
         # `evaluate` after the training (not on resuming: they may have moved since).

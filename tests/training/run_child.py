@@ -95,6 +95,7 @@ def main():
     parser.add_argument("--kill-at-batch", type=int)
     parser.add_argument("--time-budget", type=float, help="time_budget_minutes")
     parser.add_argument("--die-writing", help="backup:E or final")
+    parser.add_argument("--keep-checkpoints", type=int, default=0)
     args = parser.parse_args()
     if args.die_writing:
         die_writing(args.die_writing)
@@ -103,6 +104,7 @@ def main():
         epochs=args.epochs, steps_per_epoch=None, train_subset=TRAIN_SUBSET, bleu_sentences=0,
         time_budget_minutes=args.time_budget,
         dropout=0.1,  # as the real presets: resuming must replay dropout's random draws too
+        keep_checkpoints=args.keep_checkpoints,
     )
     epochs_run = []
     callbacks = [keras.callbacks.LambdaCallback(

@@ -104,6 +104,25 @@ def test_a_kill_while_a_file_is_half_written_loses_nothing(reference, tmp_path,
 
 
 @pytest.mark.slow
+def test_a_run_resumed_to_fewer_epochs_than_its_history_records_keeps_none_of_the_rest(
+        reference, tmp_path, multi30k_tfds_dir):
+    # Killed after epoch 2's history and checkpoints, before its backup: resumed with
+    # --epochs 1, history.json kept 2 epochs (then "a finished run of 2 epochs" held epoch
+    # 1's weights) and `average` took epoch 2's checkpoint.
+    run = tmp_path / "run"
+    killed = _run(run, tmp_path / "never.npz", multi30k_tfds_dir, "--die-writing", "backup:2",
+                  "--keep-checkpoints", "3")
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-4000:]
+    assert read_run_history(run / "history.json")["epochs"] == 2
+    finished = _run(run, tmp_path / "one.npz", multi30k_tfds_dir, "--epochs", "1",
+                    "--keep-checkpoints", "3")
+    assert finished.returncode == 0, finished.stderr[-4000:]
+    assert read_run_history(run / "history.json")["epochs"] == 1
+    assert sorted(p.name for p in (run / "checkpoints").glob("epoch-*")) == [
+        "epoch-001.weights.npz"]
+
+
+@pytest.mark.slow
 def test_finished_run_continues_to_more_epochs(reference, tmp_path, multi30k_tfds_dir):
     run = tmp_path / "run"
     first = _run(run, tmp_path / "two.npz", multi30k_tfds_dir, "--epochs", "2")
