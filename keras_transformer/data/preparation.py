@@ -19,6 +19,7 @@ never drop a sentence (the export truncates input to its `max_input_length`).
 """
 
 import dataclasses
+import hashlib
 import json
 import os
 import pathlib
@@ -70,6 +71,9 @@ class DataReport:
     batches: dict
     # The settings the counts depend on; a resumed run reuses the report when they match.
     fingerprint: dict
+    # `{path: BLAKE2b hex digest}` of the local data files when the report was counted: a
+    # run whose files changed size or time is resumed only if their content did not change.
+    digests: dict = dataclasses.field(default_factory=dict)
 
     def kept(self, split):
         """int, pairs of `split` that go into training (after every drop)."""
@@ -166,9 +170,38 @@ def _file_stats(spec):
     return stats
 
 
+def _digest(path):
+    """The BLAKE2b hex digest of a file's bytes, read in blocks."""
+    digest = hashlib.blake2b(digest_size=16)
+    with open(path, "rb") as f:
+        while block := f.read(1 << 20):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _check_unchanged(cached, stats):
+    """Raises `DataError` if a data file whose size or time changed since `cached` was
+    counted has other content now: the run's vocabulary and trained epochs were made from
+    the old content, and resuming would mix the two silently."""
+    old_stats = cached.fingerprint.get("files", {})
+    for path, digest in cached.digests.items():
+        if stats.get(path) == old_stats.get(path) or not os.path.isfile(path):
+            continue  # unchanged, or missing (reading it will say so)
+        if _digest(path) != digest:
+            raise DataError(
+                f"{path} changed since this run started: its content is not what the run's "
+                "vocabulary and trained epochs were made from. Restore the file, or train a "
+                "new run on it (another --output, or --overwrite)."
+            )
+
+
 def prepare_data_report(source, config, source_tokenizer, target_tokenizer, output_dir,
                         replicas=1, splits=("train", "validation")):
     """The run's `DataReport`: read from `output_dir/data_report.json` or counted and saved.
+
+    A run whose local data files changed content since its report was counted (the same
+    paths, other sentences) is refused; files only copied or touched (another time, the
+    same bytes) keep the report.
 
     Args:
         source: the run's `ParallelSource`.
@@ -182,6 +215,9 @@ def prepare_data_report(source, config, source_tokenizer, target_tokenizer, outp
 
     Returns:
         A `DataReport`.
+
+    Raises:
+        DataError: a data file's content changed since the report was counted.
     """
     batching = dict(batch_size=config.batch_size or 64, tokens_per_batch=config.tokens_per_batch,
                     bucket_boundaries=list(config.bucket_boundaries or []) or None,
@@ -195,8 +231,15 @@ def prepare_data_report(source, config, source_tokenizer, target_tokenizer, outp
             cached = DataReport.load(path)
         except (ValueError, TypeError):  # unreadable (an older writer killed mid-write)
             cached = None
-        if cached is not None and cached.fingerprint == json.loads(json.dumps(fingerprint)):
+        fingerprint = json.loads(json.dumps(fingerprint))
+        if cached is not None and cached.fingerprint == fingerprint:
             return cached
+        if cached is not None:
+            _check_unchanged(cached, fingerprint["files"])
+            if {**cached.fingerprint, "files": fingerprint["files"]} == fingerprint:
+                cached.fingerprint = fingerprint  # the same bytes at a new time
+                cached.save(path)
+                return cached
     counts, batches = {}, {}
     for split in (s for s in splits if s in source.splits()):
         report, batches[split] = scan_split(
@@ -205,7 +248,8 @@ def prepare_data_report(source, config, source_tokenizer, target_tokenizer, outp
             limit=config.train_subset if split == "train" else None)
         counts[split] = report.to_dict()
     data_report = DataReport(source=source.spec(), splits=counts, batches=batches,
-                             fingerprint=fingerprint)
+                             fingerprint=fingerprint,
+                             digests={path: _digest(path) for path in fingerprint["files"]})
     data_report.save(path)
     return data_report
 

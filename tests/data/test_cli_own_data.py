@@ -72,3 +72,28 @@ def test_train_data_flags(toy_corpus):
                          "target_lang": None}
     assert _data_overrides(_train_args("--source-lang", "fr", "--target-lang", "en")) == {
         "source_lang": "fr", "target_lang": "en"}
+
+
+@pytest.mark.slow
+def test_a_run_is_not_resumed_on_training_files_whose_content_changed(toy_corpus, tmp_path):
+    # The same paths with other sentences (here upper-cased: the same size) were trained on
+    # with the first files' vocabulary, silently.
+    import os
+    import shutil
+
+    train = [shutil.copy(path, tmp_path) for path in toy_corpus["files"]["train"]]
+    args = ["train", "--preset", "tiny", "--output", "run", "--train", *train,
+            "--valid", *toy_corpus["files"]["val"], "--set", "vocab_size=290",
+            "bleu_sentences=0"]
+    _cli(*args, cwd=tmp_path)
+    original = open(train[1], "rb").read()
+    open(train[1], "wb").write(original.upper())
+    completed = subprocess.run(
+        [sys.executable, "-m", "keras_transformer", *args, "--epochs", "2"],
+        capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert completed.returncode != 0
+    assert train[1] in completed.stderr and "changed" in completed.stderr, completed.stderr
+    # The same content again, written later (a copy, a new checkout): the run continues.
+    open(train[1], "wb").write(original)
+    os.utime(train[1], ns=(1, 1))
+    assert "Continuing after epoch 1 of 2" in _cli(*args, "--epochs", "2", cwd=tmp_path)
