@@ -196,12 +196,13 @@ def _check_unchanged(cached, stats):
 
 
 def prepare_data_report(source, config, source_tokenizer, target_tokenizer, output_dir,
-                        replicas=1, splits=("train", "validation")):
+                        replicas=1, splits=("train", "validation"), resuming=False):
     """The run's `DataReport`: read from `output_dir/data_report.json` or counted and saved.
 
-    A run whose local data files changed content since its report was counted (the same
-    paths, other sentences) is refused; files only copied or touched (another time, the
-    same bytes) keep the report.
+    Files edited since the report was counted are counted again; but a run `resuming`
+    after trained epochs on local data files whose content changed (the same paths, other
+    sentences) is refused. Files only copied or touched (the same bytes at another time)
+    keep the report.
 
     Args:
         source: the run's `ParallelSource`.
@@ -212,12 +213,15 @@ def prepare_data_report(source, config, source_tokenizer, target_tokenizer, outp
         replicas: int, batch sizes are multiples of it. Defaults to `1`.
         splits: the splits to count (those the source has). Defaults to train and
             validation.
+        resuming: bool, whether the run has trained epochs (resumed or continued).
+            Defaults to `False`.
 
     Returns:
         A `DataReport`.
 
     Raises:
-        DataError: a data file's content changed since the report was counted.
+        DataError: `resuming`, and a data file's content changed since the report was
+            counted.
     """
     batching = dict(batch_size=config.batch_size or 64, tokens_per_batch=config.tokens_per_batch,
                     bucket_boundaries=list(config.bucket_boundaries or []) or None,
@@ -234,7 +238,7 @@ def prepare_data_report(source, config, source_tokenizer, target_tokenizer, outp
         fingerprint = json.loads(json.dumps(fingerprint))
         if cached is not None and cached.fingerprint == fingerprint:
             return cached
-        if cached is not None:
+        if cached is not None and resuming:
             _check_unchanged(cached, fingerprint["files"])
             if {**cached.fingerprint, "files": fingerprint["files"]} == fingerprint:
                 cached.fingerprint = fingerprint  # the same bytes at a new time

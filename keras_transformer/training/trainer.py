@@ -610,7 +610,8 @@ def _train(config, output_dir, write_dir, strategy, data_dir, local_dir, make_tr
     source_tokenizer, target_tokenizer = prepare_tokenizers(
         config, itertools.islice(source.pairs("train"), config.train_subset), write_dir)
     data_report = prepare_data_report(
-        source, config, source_tokenizer, target_tokenizer, write_dir, replicas)
+        source, config, source_tokenizer, target_tokenizer, write_dir, replicas,
+        resuming=bool(initial_epoch))
     if chief:
         print(data_report, flush=True)
     train_pairs, _, val_ds = make_datasets(
