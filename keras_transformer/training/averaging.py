@@ -70,8 +70,9 @@ def average_run(run_dir, last=5, output=None):
     """Writes the average of a run's last `last` epoch checkpoints as a `.keras` model.
 
     Args:
-        run_dir: path-like, a run directory with `model.keras` and
-            `checkpoints/epoch-NNN.weights.npz` files (train with `keep_checkpoints`).
+        run_dir: path-like, a run directory with `model.keras` (or, unfinished,
+            `checkpoints/last.keras`) and `checkpoints/epoch-NNN.weights.npz` files (train
+            with `keep_checkpoints`).
         last: int, how many of the latest epoch checkpoints to average. Defaults to `5`.
         output: path-like or `None`, where to write; `None` writes
             `<run_dir>/checkpoints/averaged.keras`. Defaults to `None`.
@@ -80,7 +81,8 @@ def average_run(run_dir, last=5, output=None):
         `(path, averaged_paths)`: the written model and the checkpoints it averages.
 
     Raises:
-        FileNotFoundError: when the run has no final model or no epoch checkpoints.
+        FileNotFoundError: when the run has neither a final model nor a last checkpoint,
+            or no epoch checkpoints.
         ValueError: when `last` is not positive.
 
     Example:
@@ -104,16 +106,22 @@ def average_run(run_dir, last=5, output=None):
             f"No epoch checkpoints in {run_dir / 'checkpoints'}: train with "
             "--set keep_checkpoints=N to keep the last N epochs' weights."
         )
-    if not (run_dir / "model.keras").is_file():
-        raise FileNotFoundError(f"No model.keras in {run_dir}: the run has not finished.")
+    # The architecture: the final model, or an unfinished run's last epoch.
+    architecture = next((path for path in (run_dir / "model.keras",
+                                           run_dir / "checkpoints" / "last.keras")
+                         if path.is_file()), None)
+    if architecture is None:
+        raise FileNotFoundError(
+            f"Neither model.keras nor checkpoints/last.keras in {run_dir}: not a run directory "
+            "that trained an epoch.")
     chosen = found[-last:]
     import keras_transformer.layers  # noqa: F401  (registers the layer classes)
+    from keras_transformer.training.callbacks import save_atomically
 
-    model = keras.saving.load_model(run_dir / "model.keras", compile=False, safe_mode=True)
+    model = keras.saving.load_model(architecture, compile=False, safe_mode=True)
     model.set_weights(average_checkpoints(chosen))
     output = pathlib.Path(output) if output else run_dir / "checkpoints" / AVERAGED_NAME
-    output.parent.mkdir(parents=True, exist_ok=True)
-    model.save(output)
+    save_atomically(model, output)
     return output, chosen
 
 

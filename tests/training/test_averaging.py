@@ -74,3 +74,30 @@ def test_average_of_one_checkpoint_is_itself(run_dir):
 def test_no_checkpoints_says_how_to_keep_them(tmp_path):
     with pytest.raises(FileNotFoundError, match="keep_checkpoints"):
         average_run(tmp_path, last=5)
+
+
+def test_an_average_older_than_the_runs_epochs_is_not_exported(run_dir):
+    # A run continued after `average`: --checkpoint averaged exported epochs 2-3 of a
+    # 5-epoch run, silently.
+    import os
+
+    path, _ = average_run(run_dir, last=2)
+    newer = run_dir / "checkpoints" / "epoch-005.weights.npz"
+    _write_checkpoint(newer, _tiny_model().get_weights())
+    stamp = path.stat().st_mtime_ns - 10**10  # averaged ten seconds before the epoch
+    os.utime(path, ns=(stamp, stamp))
+    with pytest.raises(ValueError, match=r"older than.*epoch-005.*keras-transformer average"):
+        model_path(run_dir, "averaged")
+    average_run(run_dir, last=2)
+    assert model_path(run_dir, "averaged") == path
+
+
+def test_an_unfinished_run_is_averaged_from_its_last_checkpoint(run_dir):
+    # A run stopped before model.keras (killed, or still training): its epoch checkpoints
+    # were refused ("the run has not finished").
+    (run_dir / "model.keras").rename(run_dir / "checkpoints" / "last.keras")
+    path, used = average_run(run_dir, last=2)
+    assert len(used) == 2 and path.is_file()
+    with pytest.raises(FileNotFoundError, match="model.keras nor checkpoints/last.keras"):
+        (run_dir / "checkpoints" / "last.keras").unlink()
+        average_run(run_dir, last=2)
