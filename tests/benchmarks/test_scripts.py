@@ -414,3 +414,12 @@ def test_skip_padding_times_both_models_on_the_same_batches(capsys):
     assert re.search(r"ratio skip_padding / every position: \d+\.\d\dx", out), out
     with pytest.raises(SystemExit):
         script.main(["--set", "d_model"])
+
+
+def test_int8_matmul_prints_a_row_per_shape(capsys):
+    script = _load("int8_matmul")
+    script.main(["--chain", "2", "--repeats", "1", "--shapes", "4x16x8,2x8x4"])
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| ")]
+    assert len(rows) == 3, rows  # the header and one row per shape
+    assert re.match(r"\| 4 x 16 x 8 \| [\d.]+ \(\d+\) \| [\d.]+ \([\d.]+x\) \| 0\.\d+ \|$",
+                    rows[1]), rows
