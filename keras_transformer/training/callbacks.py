@@ -194,9 +194,16 @@ class AtomicBackupAndRestore(keras.callbacks.BackupAndRestore):
     first write left a backup that could not be read, and one between the two writes
     resumed an epoch's weights under the previous epoch's number. Here every backup writes
     its weights to a new file, then the metadata naming that file (atomically, renamed over
-    the old one), then removes the older weights: the metadata always names a complete file
-    of its epoch. A backup written by Keras' own callback (no file named) is still read.
+    the old one), then removes the weights before the previous ones: the metadata always
+    names a complete file of its epoch. The previous epoch's weights stay (`previous` in the
+    metadata), so that workers whose backups are one epoch apart (one killed between the
+    others' backup and its own) can all resume from the earlier one: `resume_epoch` picks
+    it. A backup written by Keras' own callback (no file named) is still read.
     """
+
+    def __init__(self, *args, resume_epoch=None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.resume_epoch = resume_epoch
 
     def on_train_begin(self, logs=None):
         self._load_model()
@@ -204,10 +211,15 @@ class AtomicBackupAndRestore(keras.callbacks.BackupAndRestore):
     def _load_model(self):
         if not self.model.built:
             raise ValueError("To resume from a backup the model must be built before `fit`.")
-        if not os.path.isfile(self._training_metadata_path):
+        metadata = read_backup_metadata(self.backup_dir)
+        if metadata is None:
             return
-        with open(self._training_metadata_path, encoding="utf-8") as f:
-            metadata = json.load(f)
+        if self.resume_epoch is not None and self.resume_epoch != metadata["epoch"]:
+            previous = metadata.get("previous") or {}
+            if previous.get("epoch") != self.resume_epoch:
+                raise ValueError(f"{self.backup_dir} holds no backup of epoch "
+                                 f"{self.resume_epoch} (it holds {backup_epochs(metadata)}).")
+            metadata = previous
         weights = os.path.join(self.backup_dir, metadata.get("weights", "latest.weights.h5"))
         if os.path.isfile(weights):
             if self.model.optimizer is not None and not self.model.optimizer.built:
@@ -219,11 +231,33 @@ class AtomicBackupAndRestore(keras.callbacks.BackupAndRestore):
         os.makedirs(self.backup_dir, exist_ok=True)
         name = f"epoch-{self._current_epoch}-batch-{self._last_batch_seen}.weights.h5"
         self.model.save_weights(os.path.join(self.backup_dir, name), overwrite=True)
+        old = read_backup_metadata(self.backup_dir) or {}
+        previous = ({"epoch": old["epoch"], "weights": old["weights"]}
+                    if old.get("weights") and old["weights"] != name else None)
         write_json_atomically(self._training_metadata_path, {
-            "epoch": self._current_epoch, "batch": self._last_batch_seen, "weights": name})
+            "epoch": self._current_epoch, "batch": self._last_batch_seen, "weights": name,
+            "previous": previous})
+        keep = {name} | ({previous["weights"]} if previous else set())
         for other in glob.glob(os.path.join(glob.escape(self.backup_dir), "*.weights.h5")):
-            if os.path.basename(other) != name:
+            if os.path.basename(other) not in keep:
                 os.remove(other)
+
+
+def read_backup_metadata(backup_dir):
+    """The record of a run's backup (`AtomicBackupAndRestore`), or `None` without one."""
+    path = os.path.join(str(backup_dir), "training_metadata.json")
+    if not os.path.isfile(path):
+        return None
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)
+
+
+def backup_epochs(metadata):
+    """The epochs a backup record can resume after: the latest, then the previous one."""
+    if metadata is None:
+        return []
+    previous = metadata.get("previous") or {}
+    return [metadata["epoch"]] + ([previous["epoch"]] if "epoch" in previous else [])
 
 
 class FinalModelSaver(keras.callbacks.Callback):
@@ -775,6 +809,7 @@ def make_callbacks(
     cooldown_fraction=0.0,
     final_model_path=None,
     seed=None,
+    resume_epoch=None,
 ):
     """The standard callbacks of a run, in the order `fit` must see them.
 
@@ -833,6 +868,8 @@ def make_callbacks(
         seed: int or `None`, the run's seed, from which `DropoutSeeds` sets the dropout
             random state at every epoch (so a resumed run draws the same masks); `None`
             adds no `DropoutSeeds`. Defaults to `None`.
+        resume_epoch: int or `None`, the backed-up epoch to resume after when it is not the
+            latest (`AtomicBackupAndRestore`). Defaults to `None`.
 
     Returns:
         A list of `keras.callbacks.Callback`.
@@ -889,6 +926,7 @@ def make_callbacks(
     if final_model_path is not None:
         callbacks.append(FinalModelSaver(final_model_path))
     callbacks.append(
-        AtomicBackupAndRestore(os.path.join(output_dir, "backup"), save_freq=backup_save_freq)
+        AtomicBackupAndRestore(os.path.join(output_dir, "backup"), save_freq=backup_save_freq,
+                               resume_epoch=resume_epoch)
     )
     return callbacks

@@ -248,6 +248,33 @@ def slowest_worker(strategy):
     return reduce
 
 
+def gather_from_workers(strategy, values):
+    """Every replica's `values` (numbers), the same list on every worker: a collective op
+    that every worker must call at the same point of the run.
+
+    Args:
+        strategy: a `tf.distribute.Strategy`.
+        values: sequence of numbers (integers up to 2**53 arrive exactly).
+
+    Returns:
+        list of lists of floats, one per replica in replica order (`[values]` for a
+        single-process strategy).
+    """
+    values = [float(v) for v in values]
+    if task_of(strategy)[0] is None:
+        return [values]
+    replicas = strategy.num_replicas_in_sync
+
+    def own_row():
+        # Each replica writes its row; the sum of the matrices holds every row exactly.
+        index = tf.distribute.get_replica_context().replica_id_in_sync_group
+        return tf.scatter_nd([[index]], [tf.constant(values, tf.float64)],
+                             [replicas, len(values)])
+
+    every = strategy.reduce(tf.distribute.ReduceOp.SUM, strategy.run(own_row), axis=None)
+    return every.numpy().tolist()
+
+
 def shard_by_data(dataset):
     """Sets `AutoShardPolicy.DATA` on `dataset`: each worker keeps its part of every batch.
 

@@ -10,6 +10,7 @@ import contextlib
 import dataclasses
 import errno
 import fcntl
+import hashlib
 import itertools
 import json
 import logging
@@ -37,9 +38,11 @@ from keras_transformer.training.callbacks import (
     BleuCallback,
     LateDropout,
     RunHistory,
+    backup_epochs,
     drop_epoch_checkpoints_after,
     make_callbacks,
     plan_cooldown,
+    read_backup_metadata,
     read_run_history,
     time_budget_reached,
 )
@@ -50,10 +53,12 @@ from keras_transformer.training.presets import TrainingConfig, resolve_precision
 from keras_transformer.training.schedules import cooldown_steps
 from keras_transformer.training.strategy import (
     WORKER_TEMP_PREFIX,
+    gather_from_workers,
     is_chief,
     select_strategy,
     shard_by_data,
     slowest_worker,
+    task_of,
     worker_write_dir,
 )
 
@@ -364,10 +369,63 @@ def check_resumable(config, run_dir):
 
 def _backup_epochs(write_dir):
     """Epochs the `BackupAndRestore` state covers, or `None` without a backup."""
-    path = pathlib.Path(write_dir) / "backup" / "training_metadata.json"
-    if not path.is_file():
-        return None
-    return int(json.loads(path.read_text())["epoch"])
+    metadata = read_backup_metadata(pathlib.Path(write_dir) / "backup")
+    return None if metadata is None else int(metadata["epoch"])
+
+
+def _short_hash(value):
+    """A JSON-able value's digest as an integer below 2**48 (exact in a float64)."""
+    text = json.dumps(value, sort_keys=True, default=str)
+    return int(hashlib.blake2b(text.encode(), digest_size=6).hexdigest(), 16)
+
+
+def agree_with_workers(strategy, config, data_report, initial_epoch, write_dir):
+    """The epoch every worker resumes after; refuses workers that would train apart.
+
+    Every worker of a cluster runs this at the same point (a collective op), with its own
+    settings, data and backup. Workers with other settings (`--set`, `--preset`) or other
+    data (other counts, other file contents) would train different models in lockstep, or
+    fail deep in a collective op; they are refused, every worker with the same message.
+    Workers whose backups are one epoch apart (one killed between the others' backup and
+    its own) resume after the earlier epoch, which each still holds; a worker with no
+    backup of it (its disk was lost) is refused with what to do.
+
+    Returns:
+        int, the epoch to resume after (`initial_epoch` outside a cluster).
+
+    Raises:
+        ValueError: workers that disagree, naming them.
+    """
+    if task_of(strategy)[0] is None:
+        return initial_epoch
+    settings = {k: v for k, v in config.to_dict().items() if k != "data_files"}
+    # What each split holds, not where from (the files may sit elsewhere on each machine).
+    data = [{split: {k: v for k, v in counts.items() if k != "origin"}
+             for split, counts in data_report.splits.items()},
+            data_report.batches, sorted(data_report.digests.values())]
+    epochs = backup_epochs(read_backup_metadata(pathlib.Path(write_dir) / "backup"))
+    epochs = epochs or [initial_epoch]
+    rows = gather_from_workers(strategy, [_short_hash(settings), _short_hash(data)]
+                               + (epochs + [-1])[:2])
+    workers = [f"worker {i}" for i in range(len(rows))]
+    for column, what in ((0, "settings (run the same --preset, --config and --set on every "
+                          "worker)"), (1, "data (the same files, with the same content)")):
+        differ = [w for w, row in zip(workers, rows) if row[column] != rows[0][column]]
+        if differ:
+            raise ValueError(f"{', '.join(differ)} train with other {what} than worker 0; "
+                             "every worker must train the same run.")
+    agreed = int(min(row[2] for row in rows))
+    if any(agreed not in row[2:] for row in rows):
+        held = "; ".join(f"{w}: {[int(e) for e in row[2:] if e >= 0]}"
+                         for w, row in zip(workers, rows))
+        behind = [w for w, row in zip(workers, rows) if row[2] == agreed]
+        raise ValueError(
+            f"The workers' backups hold no common epoch to resume after ({held}): "
+            f"{', '.join(behind)} lost the run's backup. Copy the backup of a worker that has "
+            "the latest epoch (the chief's RUN/backup, worker i's RUN/workertemp_i/backup) to "
+            "the same place on the others (the workers' weights are the same), or start "
+            "over with --overwrite on every worker.")
+    return agreed
 
 
 def epoch_seed(seed, epoch):
@@ -612,6 +670,13 @@ def _train(config, output_dir, write_dir, strategy, data_dir, local_dir, make_tr
     data_report = prepare_data_report(
         source, config, source_tokenizer, target_tokenizer, write_dir, replicas,
         resuming=bool(initial_epoch))
+    agreed_epoch = agree_with_workers(strategy, config, data_report, initial_epoch, write_dir)
+    resume_epoch = None
+    if agreed_epoch != initial_epoch:  # another worker's backup is an epoch behind
+        initial_epoch = resume_epoch = agreed_epoch
+        previous = read_run_history(write_dir / "history.json", initial_epoch)
+        if chief:
+            drop_epoch_checkpoints_after(write_dir / "checkpoints", initial_epoch)
     if chief:
         print(data_report, flush=True)
     train_pairs, _, val_ds = make_datasets(
@@ -681,6 +746,7 @@ def _train(config, output_dir, write_dir, strategy, data_dir, local_dir, make_tr
         cooldown_fraction=config.lr_cooldown if config.time_budget_minutes else 0.0,
         final_model_path=str(write_dir / "model.keras") if chief else None,
         seed=config.seed,
+        resume_epoch=resume_epoch,
     )
     late_dropout = []
     if config.late_dropout is not None:

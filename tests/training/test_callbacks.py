@@ -543,3 +543,29 @@ def test_the_atomic_backup_reads_a_backup_of_keras_own_callback(tmp_path):
     for got, want in zip(restored.model.get_weights(), trained.get_weights()):
         np.testing.assert_array_equal(got, want)
     assert not os.path.exists(backup)  # deleted when training ends, as Keras' is
+
+
+def test_the_backup_keeps_the_previous_epoch_to_resume_after(tmp_path):
+    # Workers whose backups are an epoch apart resume after the earlier one.
+    from keras_transformer.training.callbacks import (
+        AtomicBackupAndRestore,
+        backup_epochs,
+        read_backup_metadata,
+    )
+
+    backup = str(tmp_path / "backup")
+    _tiny_fit([AtomicBackupAndRestore(backup, delete_checkpoint=False)], 1)
+    _tiny_fit([AtomicBackupAndRestore(backup, delete_checkpoint=False)], 3)
+    assert backup_epochs(read_backup_metadata(backup)) == [3, 2]
+    assert len(os.listdir(backup)) == 3  # two weights files and the record
+    epochs = []
+    log = keras.callbacks.LambdaCallback(on_epoch_begin=lambda epoch, logs: epochs.append(epoch))
+    restored = AtomicBackupAndRestore(backup, resume_epoch=2, delete_checkpoint=False)
+    _tiny_fit([log, restored], epochs=2)
+    assert epochs == []  # resumed after epoch 2 of 2
+    with pytest.raises(ValueError, match=r"no backup of epoch 1 \(it holds \[3, 2\]\)"):
+        _tiny_fit([AtomicBackupAndRestore(str(tmp_path / "other"), delete_checkpoint=False)], 0)
+        import shutil
+
+        shutil.copytree(backup, tmp_path / "other", dirs_exist_ok=True)
+        _tiny_fit([AtomicBackupAndRestore(str(tmp_path / "other"), resume_epoch=1)], 3)

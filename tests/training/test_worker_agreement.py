@@ -1,0 +1,81 @@
+"""Workers of a cluster agree on the run before training: the same settings, the same data
+and a common epoch to resume after (`trainer.agree_with_workers`; the gathering across
+workers is replaced here by each worker's row, as `gather_from_workers` returns them)."""
+
+import json
+
+import pytest
+
+from keras_transformer.data.preparation import DataReport
+from keras_transformer.training import get_preset
+from keras_transformer.training import trainer
+
+CONFIG = get_preset("tiny")
+
+
+def _report(kept=10, digest="abc"):
+    counts = {"origin": "train.fr", "read": 10, "kept": kept}
+    return DataReport(source={}, splits={"train": counts}, batches={"train": 2},
+                      fingerprint={}, digests={"train.fr": digest})
+
+
+def _backup(directory, epoch, previous=None):
+    directory = directory / "backup"
+    directory.mkdir(parents=True)
+    record = {"epoch": epoch, "batch": 0, "weights": f"epoch-{epoch}.weights.h5",
+              "previous": None if previous is None else {
+                  "epoch": previous, "weights": f"epoch-{previous}.weights.h5"}}
+    (directory / "training_metadata.json").write_text(json.dumps(record))
+
+
+@pytest.fixture
+def cluster(monkeypatch):
+    """`rows(others)`: the agreement of this worker (worker 0) with workers whose rows
+    `agree_with_workers` would gather are computed from `others` (config, report, dir)."""
+    monkeypatch.setattr(trainer, "task_of", lambda strategy: ("worker", 0))
+    others = []
+
+    def gather(strategy, values):
+        rows = [list(values)]
+        for config, report, directory in others:
+            captured = {}
+            monkeypatch.setattr(trainer, "gather_from_workers",
+                                lambda s, v: captured.setdefault("row", list(v)) and [v])
+            trainer.agree_with_workers(None, config, report, 0, directory)
+            rows.append(captured["row"])
+            monkeypatch.setattr(trainer, "gather_from_workers", gather)
+        return rows
+
+    monkeypatch.setattr(trainer, "gather_from_workers", gather)
+    return others
+
+
+def test_workers_with_other_settings_or_data_are_refused(cluster, tmp_path):
+    cluster.append((CONFIG.replace(seed=7), _report(), tmp_path))
+    with pytest.raises(ValueError, match="worker 1 train with other settings"):
+        trainer.agree_with_workers(None, CONFIG, _report(), 0, tmp_path)
+    cluster[:] = [(CONFIG, _report(digest="other"), tmp_path)]
+    with pytest.raises(ValueError, match="worker 1 train with other data"):
+        trainer.agree_with_workers(None, CONFIG, _report(), 0, tmp_path)
+    # The same data read from another path on that machine is the same data.
+    moved = _report()
+    moved.splits["train"]["origin"] = "/elsewhere/train.fr"
+    cluster[:] = [(CONFIG, moved, tmp_path)]
+    assert trainer.agree_with_workers(None, CONFIG, _report(), 0, tmp_path) == 0
+
+
+def test_backups_an_epoch_apart_resume_after_the_earlier_one(cluster, tmp_path):
+    # Worker 1 was killed after worker 0 had backed up epoch 3 and before its own backup.
+    _backup(tmp_path / "w0", 3, previous=2)
+    _backup(tmp_path / "w1", 2, previous=1)
+    cluster.append((CONFIG, _report(), tmp_path / "w1"))
+    assert trainer.agree_with_workers(None, CONFIG, _report(), 3, tmp_path / "w0") == 2
+
+
+def test_a_worker_that_lost_its_backup_is_refused_with_what_to_do(cluster, tmp_path):
+    _backup(tmp_path / "w0", 3, previous=2)
+    (tmp_path / "w1").mkdir()
+    cluster.append((CONFIG, _report(), tmp_path / "w1"))
+    with pytest.raises(ValueError, match=r"worker 0: \[3, 2\]; worker 1: \[0\]\): worker 1 "
+                                         r"lost.*RUN/workertemp_i/backup"):
+        trainer.agree_with_workers(None, CONFIG, _report(), 3, tmp_path / "w0")
