@@ -11,6 +11,9 @@ import json
 import logging
 import os
 import pathlib
+import signal
+import sys
+import threading
 
 import tensorflow as tf
 
@@ -275,6 +278,27 @@ def gather_from_workers(strategy, values):
     return every.numpy().tolist()
 
 
+def _wait_for_the_cluster(create):
+    """`create()` (a `MultiWorkerMirroredStrategy`, which waits until every worker of
+    `TF_CONFIG` has connected), said first; then SIGTERM terminates the process again.
+
+    TensorFlow's multi-worker runtime installs a SIGTERM handler that ignores the signal
+    (for its preemption notices): a worker went on training after a cluster manager's pod
+    termination or `launch` stopped it, until SIGKILL. Its wait for the other workers holds
+    the interpreter, so no Python code runs until they connect (only SIGKILL stops a worker
+    whose peers never come): the line printed first says what it waits for.
+    """
+    workers = json.loads(os.environ.get("TF_CONFIG") or "{}").get("cluster", {})
+    addresses = ", ".join(a for kind in ("chief", "worker") for a in workers.get(kind, []))
+    print(f"Connecting to the other workers of the cluster ({addresses}): this waits until "
+          "`train` runs on every one of them.", file=sys.stderr, flush=True)
+    strategy = create()
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    return strategy
+
+
 def shard_by_data(dataset):
     """Sets `AutoShardPolicy.DATA` on `dataset`: each worker keeps its part of every batch.
 
@@ -413,11 +437,11 @@ def select_strategy(name="auto", devices=None):
             if tf.config.list_physical_devices("GPU")
             else tf.distribute.experimental.CommunicationImplementation.RING
         )
-        strategy = tf.distribute.MultiWorkerMirroredStrategy(
+        strategy = _wait_for_the_cluster(lambda: tf.distribute.MultiWorkerMirroredStrategy(
             communication_options=tf.distribute.experimental.CommunicationOptions(
                 implementation=implementation
             )
-        )
+        ))
         _fix_keras_multi_worker_logs()
     else:
         if devices is None:
