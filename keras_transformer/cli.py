@@ -719,6 +719,18 @@ def _add_verbose_flag(parser, subparsers):
 TRACEBACK_ENV = "KERAS_TRANSFORMER_TRACEBACK"
 
 
+# TensorFlow's errors of a cluster that lost a worker or cannot form.
+_CLUSTER_ERRORS = ("UnavailableError", "AbortedError", "DeadlineExceededError",
+                   "CancelledError", "UnknownError", "InternalError")
+
+
+def _is_tensorflow_error(error):
+    """Whether `error` is a TensorFlow runtime error (`tf.errors.OpError`), checked without
+    importing TensorFlow."""
+    return any(cls.__name__ == "OpError" and cls.__module__.startswith("tensorflow")
+               for cls in type(error).__mro__)
+
+
 def main(argv=None):
     args = build_parser().parse_args(argv)
     try:
@@ -730,6 +742,18 @@ def main(argv=None):
             raise
         raise SystemExit(f"keras-transformer {args.command}: {error}\n(set {TRACEBACK_ENV}=1 "
                          "to see where)") from None
+    except Exception as error:  # noqa: BLE001  (TensorFlow's runtime errors, below)
+        if os.environ.get(TRACEBACK_ENV) or not _is_tensorflow_error(error):
+            raise
+        # A cluster's failure (a worker died, a port in use) in one line: its first line.
+        first = (str(getattr(error, "message", "")) or str(error)).strip().splitlines()
+        hint = ""
+        if args.command == "train" and type(error).__name__ in _CLUSTER_ERRORS:
+            hint = (f"; if another worker stopped, start every worker again with the same "
+                    f"command to resume {args.output}")
+        raise SystemExit(f"keras-transformer {args.command}: {type(error).__name__}: "
+                         f"{first[0] if first else ''}{hint}\n(set {TRACEBACK_ENV}=1 to see "
+                         "the rest)") from None
     except KeyboardInterrupt:
         if os.environ.get(TRACEBACK_ENV):
             raise

@@ -195,6 +195,29 @@ def test_ctrl_c_is_one_line_with_the_way_to_resume(monkeypatch, tmp_path, capsys
     assert error.value.code == 130 and "Interrupted" in capsys.readouterr().err
 
 
+def test_a_cluster_failure_is_one_line_with_the_way_to_resume(monkeypatch, tmp_path, capsys):
+    # A worker whose peer died ended in 30-60 lines of TensorFlow traceback.
+    import tensorflow as tf
+
+    import keras_transformer.training.trainer as trainer
+
+    def peer_died(*args, **kwargs):
+        raise tf.errors.UnavailableError(
+            None, None, "Collective ops is aborted by: ...\nThe following tasks are unhealthy "
+            "(stopped sending heartbeats):\n/job:worker/replica:0/task:1")
+
+    monkeypatch.setattr(trainer, "train", peer_died)
+    monkeypatch.delenv("TF_CONFIG", raising=False)
+    run = tmp_path / "run"
+    with pytest.raises(SystemExit) as error:
+        main(["train", "--preset", "tiny", "--output", str(run)])
+    message = str(error.value)
+    assert message.startswith("keras-transformer train: UnavailableError: Collective ops is "
+                              "aborted by: ..."), message
+    assert "another worker" in message and "same command" in message and str(run) in message
+    assert "Traceback" not in capsys.readouterr().err
+
+
 def test_languages_that_contradict_the_file_names_are_refused(tmp_path):
     # train.fr train.en with --source-lang en --target-lang fr was labelled en->fr while the
     # model learned fr->en from the files' order.
