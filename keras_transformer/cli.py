@@ -748,7 +748,8 @@ def main(argv=None):
         # A cluster's failure (a worker died, a port in use) in one line: its first line.
         first = (str(getattr(error, "message", "")) or str(error)).strip().splitlines()
         hint = ""
-        if args.command == "train" and type(error).__name__ in _CLUSTER_ERRORS:
+        if (args.command == "train" and type(error).__name__ in _CLUSTER_ERRORS
+                and os.environ.get("TF_CONFIG")):
             hint = (f"; if another worker stopped, start every worker again with the same "
                     f"command to resume {args.output}")
         raise SystemExit(f"keras-transformer {args.command}: {type(error).__name__}: "

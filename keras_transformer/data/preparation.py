@@ -238,7 +238,7 @@ def prepare_data_report(source, config, source_tokenizer, target_tokenizer, outp
         fingerprint = json.loads(json.dumps(fingerprint))
         if cached is not None and cached.fingerprint == fingerprint:
             return cached
-        if cached is not None and resuming:
+        if cached is not None and resuming and set(cached.digests) >= set(fingerprint["files"]):
             _check_unchanged(cached, fingerprint["files"])
             if {**cached.fingerprint, "files": fingerprint["files"]} == fingerprint:
                 cached.fingerprint = fingerprint  # the same bytes at a new time

@@ -50,9 +50,9 @@ def check_mask_rank(name, value, form="(B, S)"):
 
 def _check_mask_sizes(name, mask, sizes):
     """Refuses a mask whose known sizes differ from the known `sizes` (`(B, S)` or
-    `(B, T, S)`; a batch of 1 broadcasts). A `(B, 1)` padding mask broadcast over every key
-    hid all of them or none; a mask one position longer failed in a LogicalAnd naming no
-    argument."""
+    `(B, T, S)`; a batch of 1, and an attention mask's single query row, broadcast). A
+    `(B, 1)` padding mask broadcast over every key hid all of them or none; a mask one
+    position longer failed in a LogicalAnd naming no argument."""
     if mask is None:
         return
     shape = tuple(mask.shape)
@@ -60,7 +60,7 @@ def _check_mask_sizes(name, mask, sizes):
     wrong = [
         axis for axis, (size, want) in enumerate(zip(shape, known))
         if size is not None and want is not None and size != want
-        and not (axis == 0 and size == 1)
+        and not (size == 1 and (axis == 0 or (axis == 1 and len(sizes) == 3)))
     ]
     if wrong:
         form = "(B, S)" if len(sizes) == 2 else "(B, T, S)"

@@ -212,8 +212,8 @@ class AtomicBackupAndRestore(keras.callbacks.BackupAndRestore):
         if not self.model.built:
             raise ValueError("To resume from a backup the model must be built before `fit`.")
         metadata = read_backup_metadata(self.backup_dir)
-        if metadata is None:
-            return
+        if metadata is None or self.resume_epoch == 0:
+            return  # a new run, or one that starts again from its seeded weights
         if self.resume_epoch is not None and self.resume_epoch != metadata["epoch"]:
             previous = metadata.get("previous") or {}
             if previous.get("epoch") != self.resume_epoch:
@@ -221,22 +221,32 @@ class AtomicBackupAndRestore(keras.callbacks.BackupAndRestore):
                                  f"{self.resume_epoch} (it holds {backup_epochs(metadata)}).")
             metadata = previous
         weights = os.path.join(self.backup_dir, metadata.get("weights", "latest.weights.h5"))
-        if os.path.isfile(weights):
-            if self.model.optimizer is not None and not self.model.optimizer.built:
-                self.model.optimizer.build(self.model.trainable_variables)
-            self.model.load_weights(weights)
+        if not os.path.isfile(weights):
+            if "weights" in metadata:  # this callback's record names a file it wrote
+                raise FileNotFoundError(f"{weights}, the backup of epoch {metadata['epoch']}, "
+                                        "is missing: the backup was damaged.")
+            return
+        if self.model.optimizer is not None and not self.model.optimizer.built:
+            self.model.optimizer.build(self.model.trainable_variables)
+        self.model.load_weights(weights)
         self.model._initial_epoch = metadata["epoch"]
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._current_epoch = epoch  # Keras' counts from 0 in every fit: a mid-epoch
+        # backup (an integer save_freq) of a resumed run recorded epoch 0
 
     def _save_model(self):
         os.makedirs(self.backup_dir, exist_ok=True)
-        name = f"epoch-{self._current_epoch}-batch-{self._last_batch_seen}.weights.h5"
-        self.model.save_weights(os.path.join(self.backup_dir, name), overwrite=True)
         old = read_backup_metadata(self.backup_dir) or {}
-        previous = ({"epoch": old["epoch"], "weights": old["weights"]}
-                    if old.get("weights") and old["weights"] != name else None)
+        # A name never used before in this backup: no file the record names is rewritten.
+        serial = int(old.get("serial", 0)) + 1
+        name = f"backup-{serial:06d}.weights.h5"
+        self.model.save_weights(os.path.join(self.backup_dir, name), overwrite=True)
+        previous = {"epoch": old["epoch"], "weights": old["weights"]} if old.get(
+            "weights") else None
         write_json_atomically(self._training_metadata_path, {
             "epoch": self._current_epoch, "batch": self._last_batch_seen, "weights": name,
-            "previous": previous})
+            "serial": serial, "previous": previous})
         keep = {name} | ({previous["weights"]} if previous else set())
         for other in glob.glob(os.path.join(glob.escape(self.backup_dir), "*.weights.h5")):
             if os.path.basename(other) not in keep:
@@ -291,13 +301,17 @@ class DropoutSeeds(keras.callbacks.Callback):
         self.seed = int(seed)
 
     def on_epoch_begin(self, epoch, logs=None):
-        import zlib
+        import hashlib
 
         for variable in self.model.variables:
             if variable.name != "seed_generator_state":
                 continue
-            stream = (self.seed * 2_654_435_761 + zlib.crc32(variable.path.encode())) % 2**31
-            variable.assign(np.array([stream, epoch << 32], dtype=variable.dtype))
+            # One seed per (run, generator, epoch), the counter from 0: Keras reduces seeds
+            # modulo 2**31 - 2, so an epoch in the counter's high bits (epoch << 32) shifted
+            # each epoch's masks by 4 steps only, repeating them epoch after epoch.
+            key = f"{self.seed}/{variable.path}/{epoch}".encode()
+            seed = int(hashlib.blake2b(key, digest_size=8).hexdigest(), 16) % (2**31 - 2)
+            variable.assign(np.array([seed, 0], dtype=variable.dtype))
 
 
 class ModelSaver(keras.callbacks.Callback):
@@ -350,7 +364,7 @@ class RunHistory(keras.callbacks.Callback):
     or continued to more epochs would lose the epochs of earlier processes. This callback
     starts from the earlier epochs' records (`initial`, as read by `read_run_history`),
     appends every epoch's logs and wall time, and rewrites the file after every epoch.
-    Place it just before `BackupAndRestore`: a process killed between the two leaves one
+    Place it before the backup callback: a process killed between the two leaves one
     epoch more here than in the backup, which the trainer drops when it resumes.
 
     The file holds `{"history": {name: [value per epoch]}, "epoch_seconds": [...],
@@ -813,9 +827,8 @@ def make_callbacks(
 ):
     """The standard callbacks of a run, in the order `fit` must see them.
 
-    - `DropoutSeeds(seed)` first, if `seed` is given;
-
-    - `bleu_callback` (if given) first, so `val_bleu` is in the epoch logs the others see;
+    - `DropoutSeeds(seed)`, if `seed` is given, then `bleu_callback` (if given), so
+      `val_bleu` is in the epoch logs the others see;
     - `ModelSaver` saving the latest model every epoch to
       `<output_dir>/checkpoints/last.keras` (or `last.weights.h5`), plus, if
       `best_monitor` is set (e.g. `"val_loss"` or `"val_bleu"`), the best one to

@@ -379,7 +379,8 @@ def _short_hash(value):
     return int(hashlib.blake2b(text.encode(), digest_size=6).hexdigest(), 16)
 
 
-def agree_with_workers(strategy, config, data_report, initial_epoch, write_dir):
+def agree_with_workers(strategy, config, data_report, initial_epoch, write_dir,
+                       restartable=True):
     """The epoch every worker resumes after; refuses workers that would train apart.
 
     Every worker of a cluster runs this at the same point (a collective op), with its own
@@ -387,8 +388,13 @@ def agree_with_workers(strategy, config, data_report, initial_epoch, write_dir):
     data (other counts, other file contents) would train different models in lockstep, or
     fail deep in a collective op; they are refused, every worker with the same message.
     Workers whose backups are one epoch apart (one killed between the others' backup and
-    its own) resume after the earlier epoch, which each still holds; a worker with no
-    backup of it (its disk was lost) is refused with what to do.
+    its own) resume after the earlier epoch, which each still holds (or, `restartable`,
+    start again from the seeded weights: epoch 0); a worker with no backup of it (its disk
+    was lost) is refused with what to do.
+
+    Args:
+        restartable: bool, whether this worker may start again from epoch 0 (not a
+            finished run it continues from its final model).
 
     Returns:
         int, the epoch to resume after (`initial_epoch` outside a cluster).
@@ -405,8 +411,11 @@ def agree_with_workers(strategy, config, data_report, initial_epoch, write_dir):
             data_report.batches, sorted(data_report.digests.values())]
     epochs = backup_epochs(read_backup_metadata(pathlib.Path(write_dir) / "backup"))
     epochs = epochs or [initial_epoch]
-    rows = gather_from_workers(strategy, [_short_hash(settings), _short_hash(data)]
-                               + (epochs + [-1])[:2])
+    rows = gather_from_workers(strategy, [_short_hash(settings), _short_hash(data),
+                                          int(restartable)] + (epochs + [-1])[:2])
+    # One row per replica: a worker with several devices has several of the same rows.
+    per_worker = max(len(rows) // (_cluster_size() or len(rows)), 1)
+    rows = [[row[0], row[1]] + row[3:] + ([0] if row[2] else []) for row in rows[::per_worker]]
     workers = [f"worker {i}" for i in range(len(rows))]
     for column, what in ((0, "settings (run the same --preset, --config and --set on every "
                           "worker)"), (1, "data (the same files, with the same content)")):
@@ -414,9 +423,10 @@ def agree_with_workers(strategy, config, data_report, initial_epoch, write_dir):
         if differ:
             raise ValueError(f"{', '.join(differ)} train with other {what} than worker 0; "
                              "every worker must train the same run.")
+    # Synchronous workers' backups are at most one epoch apart; more means a lost backup.
     agreed = int(min(row[2] for row in rows))
-    if any(agreed not in row[2:] for row in rows):
-        held = "; ".join(f"{w}: {[int(e) for e in row[2:] if e >= 0]}"
+    if agreed < max(row[2] for row in rows) - 1 or any(agreed not in row[2:] for row in rows):
+        held = "; ".join(f"{w}: {sorted({int(e) for e in row[2:] if e >= 0}, reverse=True)}"
                          for w, row in zip(workers, rows))
         behind = [w for w, row in zip(workers, rows) if row[2] == agreed]
         raise ValueError(
@@ -426,6 +436,13 @@ def agree_with_workers(strategy, config, data_report, initial_epoch, write_dir):
             "the same place on the others (the workers' weights are the same), or start "
             "over with --overwrite on every worker.")
     return agreed
+
+
+def _cluster_size():
+    """The number of workers (`chief` and `worker` tasks) of `TF_CONFIG`'s cluster."""
+    from keras_transformer.training.strategy import num_workers_from_tf_config
+
+    return num_workers_from_tf_config()
 
 
 def epoch_seed(seed, epoch):
@@ -626,10 +643,6 @@ def _train(config, output_dir, write_dir, strategy, data_dir, local_dir, make_tr
     previous = read_run_history(
         (continue_from.parent if continue_from else write_dir) / "history.json", initial_epoch
     )
-    if chief:
-        # Killed after an epoch's checkpoints, before its backup: that epoch is trained
-        # again (or, resumed to fewer epochs, not at all); `average` must not take it.
-        drop_epoch_checkpoints_after(write_dir / "checkpoints", initial_epoch)
     if chief and not initial_epoch and config.data in ("files", "tsv"):
         # A new run: the user's test sets are found missing or unaligned now, not at
         # `evaluate` after the training (not on resuming: they may have moved since).
@@ -670,13 +683,16 @@ def _train(config, output_dir, write_dir, strategy, data_dir, local_dir, make_tr
     data_report = prepare_data_report(
         source, config, source_tokenizer, target_tokenizer, write_dir, replicas,
         resuming=bool(initial_epoch))
-    agreed_epoch = agree_with_workers(strategy, config, data_report, initial_epoch, write_dir)
+    agreed_epoch = agree_with_workers(strategy, config, data_report, initial_epoch, write_dir,
+                                      restartable=continue_from is None)
     resume_epoch = None
     if agreed_epoch != initial_epoch:  # another worker's backup is an epoch behind
         initial_epoch = resume_epoch = agreed_epoch
         previous = read_run_history(write_dir / "history.json", initial_epoch)
-        if chief:
-            drop_epoch_checkpoints_after(write_dir / "checkpoints", initial_epoch)
+    if chief:
+        # Killed after an epoch's checkpoints, before its backup: that epoch is trained
+        # again (or, resumed to fewer epochs, not at all); `average` must not take it.
+        drop_epoch_checkpoints_after(write_dir / "checkpoints", initial_epoch)
     if chief:
         print(data_report, flush=True)
     train_pairs, _, val_ds = make_datasets(

@@ -162,6 +162,8 @@ def test_masks_of_the_wrong_size_are_refused():
         attention(x, x, padding_mask=np.ones((3, 5), "bool"))
     with pytest.raises(ValueError, match=r"`attention_mask`.*\(2, 5, 5\).*\(2, 5, 6\)"):
         attention(x, x, attention_mask=np.ones((2, 5, 6), "bool"))
+    # One query row broadcast over every query, as Keras' own layer allows.
+    assert attention(x, x, attention_mask=np.ones((2, 1, 5), "bool")).shape == (2, 5, 8)
     block = DecoderBlock(num_heads=2, ff_dim=16)
     memory = keras.random.normal((2, 6, 8))
     with pytest.raises(ValueError, match=r"`encoder_padding_mask`|`padding_mask`"):

@@ -569,3 +569,25 @@ def test_the_backup_keeps_the_previous_epoch_to_resume_after(tmp_path):
 
         shutil.copytree(backup, tmp_path / "other", dirs_exist_ok=True)
         _tiny_fit([AtomicBackupAndRestore(str(tmp_path / "other"), resume_epoch=1)], 3)
+
+
+def test_dropout_seeds_draw_new_masks_every_epoch():
+    # The epoch in the counter's high bits (epoch << 32) reached TensorFlow modulo
+    # 2**31 - 2, shifting each epoch's masks by 4 steps: epoch 1 repeated epoch 0's.
+    from keras_transformer.training.callbacks import DropoutSeeds
+
+    inputs = keras.Input((64,))
+    model = keras.Model(inputs, keras.layers.Dropout(0.5, seed=3)(inputs))
+    seeds = DropoutSeeds(1234)
+    seeds.set_model(model)
+    ones = np.ones((1, 64), "float32")
+
+    def masks(epoch, steps):
+        seeds.on_epoch_begin(epoch)
+        return [tuple(np.asarray(model(ones, training=True))[0] > 0) for _ in range(steps)]
+
+    first = masks(0, 8)
+    again = masks(0, 8)
+    assert first == again  # an epoch's masks are a function of the seed and the epoch
+    second = masks(1, 8)
+    assert not set(second) & set(first), "epoch 1 repeats masks of epoch 0"

@@ -72,10 +72,19 @@ def test_backups_an_epoch_apart_resume_after_the_earlier_one(cluster, tmp_path):
     assert trainer.agree_with_workers(None, CONFIG, _report(), 3, tmp_path / "w0") == 2
 
 
+def test_a_worker_killed_before_its_first_backup_starts_the_run_again(cluster, tmp_path):
+    # Worker 1 died after worker 0's backup of epoch 1, before its own: no common backup,
+    # but both hold the seeded weights of epoch 0.
+    _backup(tmp_path / "w0", 1)
+    (tmp_path / "w1").mkdir()
+    cluster.append((CONFIG, _report(), tmp_path / "w1"))
+    assert trainer.agree_with_workers(None, CONFIG, _report(), 1, tmp_path / "w0") == 0
+
+
 def test_a_worker_that_lost_its_backup_is_refused_with_what_to_do(cluster, tmp_path):
     _backup(tmp_path / "w0", 3, previous=2)
     (tmp_path / "w1").mkdir()
     cluster.append((CONFIG, _report(), tmp_path / "w1"))
-    with pytest.raises(ValueError, match=r"worker 0: \[3, 2\]; worker 1: \[0\]\): worker 1 "
+    with pytest.raises(ValueError, match=r"worker 0: \[3, 2, 0\]; worker 1: \[0\]\): worker 1 "
                                          r"lost.*RUN/workertemp_i/backup"):
         trainer.agree_with_workers(None, CONFIG, _report(), 3, tmp_path / "w0")
