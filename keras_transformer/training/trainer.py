@@ -373,6 +373,15 @@ def _backup_epochs(write_dir):
     return None if metadata is None else int(metadata["epoch"])
 
 
+def _finished_after_backup(write_dir):
+    """Whether `write_dir`'s `model.keras` was saved after its backup: a process killed
+    between the final save and the backup's removal finished its run (resuming from the
+    backup would train nothing while the other workers, finding the run finished, left)."""
+    model, record = write_dir / "model.keras", write_dir / "backup" / "training_metadata.json"
+    return (model.is_file() and record.is_file()
+            and model.stat().st_mtime_ns >= record.stat().st_mtime_ns)
+
+
 def _short_hash(value):
     """A JSON-able value's digest as an integer below 2**48 (exact in a float64)."""
     text = json.dumps(value, sort_keys=True, default=str)
@@ -380,7 +389,7 @@ def _short_hash(value):
 
 
 def agree_with_workers(strategy, config, data_report, initial_epoch, write_dir,
-                       restartable=True):
+                       restartable=True, failure=None):
     """The epoch every worker resumes after; refuses workers that would train apart.
 
     Every worker of a cluster runs this at the same point (a collective op), with its own
@@ -395,6 +404,8 @@ def agree_with_workers(strategy, config, data_report, initial_epoch, write_dir,
     Args:
         restartable: bool, whether this worker may start again from epoch 0 (not a
             finished run it continues from its final model).
+        failure: the exception this worker stopped with before the agreement, or `None`:
+            it takes part, then raises it; the others stop too, saying which worker failed.
 
     Returns:
         int, the epoch to resume after (`initial_epoch` outside a cluster).
@@ -403,7 +414,12 @@ def agree_with_workers(strategy, config, data_report, initial_epoch, write_dir,
         ValueError: workers that disagree, naming them.
     """
     if task_of(strategy)[0] is None:
+        if failure is not None:
+            raise failure
         return initial_epoch
+    if failure is not None:
+        gather_from_workers(strategy, [1, 0, 0, 0, -1, -1])
+        raise failure
     settings = {k: v for k, v in config.to_dict().items() if k != "data_files"}
     # What each split holds, not where from (the files may sit elsewhere on each machine).
     data = [{split: {k: v for k, v in counts.items() if k != "origin"}
@@ -411,12 +427,17 @@ def agree_with_workers(strategy, config, data_report, initial_epoch, write_dir,
             data_report.batches, sorted(data_report.digests.values())]
     epochs = backup_epochs(read_backup_metadata(pathlib.Path(write_dir) / "backup"))
     epochs = epochs or [initial_epoch]
-    rows = gather_from_workers(strategy, [_short_hash(settings), _short_hash(data),
+    rows = gather_from_workers(strategy, [0, _short_hash(settings), _short_hash(data),
                                           int(restartable)] + (epochs + [-1])[:2])
     # One row per replica: a worker with several devices has several of the same rows.
     per_worker = max(len(rows) // (_cluster_size() or len(rows)), 1)
-    rows = [[row[0], row[1]] + row[3:] + ([0] if row[2] else []) for row in rows[::per_worker]]
+    rows = rows[::per_worker]
     workers = [f"worker {i}" for i in range(len(rows))]
+    failed = [w for w, row in zip(workers, rows) if row[0]]
+    if failed:
+        raise ValueError(f"{', '.join(failed)} stopped before training (its own message says "
+                         "why): every worker stops; mend it and start them all again.")
+    rows = [[row[1], row[2]] + row[4:] + ([0] if row[3] else []) for row in rows]
     for column, what in ((0, "settings (run the same --preset, --config and --set on every "
                           "worker)"), (1, "data (the same files, with the same content)")):
         differ = [w for w, row in zip(workers, rows) if row[column] != rows[0][column]]
@@ -621,68 +642,77 @@ def _train(config, output_dir, write_dir, strategy, data_dir, local_dir, make_tr
            report_padding, verbose, callbacks):
     """`train`'s work, once this process holds `write_dir`."""
     chief = is_chief(strategy)
-    if chief:
-        _check_new_run_directory(write_dir)
-    source = open_run_source(config, local_dir=local_dir, tfds_dir=data_dir)
-    # A TFDS source may have chosen the languages: the run records the ones used.
-    config = config.replace(source_lang=source.source_lang, target_lang=source.target_lang)
-    check_resumable(config, write_dir)
+    # A mistake refused here on one worker only would leave the others waiting in the
+    # agreement below: the failing worker takes part in it, saying it failed.
+    try:
+        if chief:
+            _check_new_run_directory(write_dir)
+        source = open_run_source(config, local_dir=local_dir, tfds_dir=data_dir)
+        # A TFDS source may have chosen the languages: the run records the ones used.
+        config = config.replace(source_lang=source.source_lang, target_lang=source.target_lang)
+        check_resumable(config, write_dir)
 
-    # Where this run stands: a backup (interrupted), a final model (finished) or nothing.
-    initial_epoch = _backup_epochs(write_dir)
-    continue_from = None
-    if initial_epoch is None:
-        # A finished run: on a worker whose private directory is gone, the chief's
-        # files (a shared filesystem) say how far the run got.
-        finished_dir = write_dir if (write_dir / "model.keras").is_file() else output_dir
-        if (finished_dir / "model.keras").is_file():
-            initial_epoch = read_run_history(finished_dir / "history.json")["epochs"]
-            continue_from = finished_dir / "model.keras"
-        else:
-            initial_epoch = 0
-    previous = read_run_history(
-        (continue_from.parent if continue_from else write_dir) / "history.json", initial_epoch
-    )
-    if chief and not initial_epoch and config.data in ("files", "tsv"):
-        # A new run: the user's test sets are found missing or unaligned now, not at
-        # `evaluate` after the training (not on resuming: they may have moved since).
-        source.check(source.test_sets())
-    if continue_from is not None and config.epochs <= initial_epoch:
-        print(f"{output_dir} holds a finished run of {initial_epoch} epoch(s); nothing to "
-              "train (pass a larger --epochs to continue it).", flush=True)
-        return _load_finished_run(config, output_dir, continue_from, previous)
-    if continue_from is not None and time_budget_reached(
-            previous["epoch_seconds"], config.time_budget_minutes):
-        print(f"{output_dir} holds a run of {initial_epoch} epoch(s) that its time budget "
-              f"of {config.time_budget_minutes:g} minutes stopped; nothing to train (set a "
-              "larger time_budget_minutes to continue it).", flush=True)
-        return _load_finished_run(config, output_dir, continue_from, previous)
-    if continue_from is not None and config.lr_cooldown and config.time_budget_minutes and (
-            planned_epochs(config, previous["epoch_seconds"]) <= initial_epoch):
-        print(f"{output_dir} holds a run of {initial_epoch} epoch(s) whose learning rate "
-              "cooled down to zero as its time budget of "
-              f"{config.time_budget_minutes:g} minutes planned; nothing to train (set a "
-              "larger time_budget_minutes to continue it).", flush=True)
-        return _load_finished_run(config, output_dir, continue_from, previous)
+        # Where this run stands: a backup (interrupted), a final model (finished) or nothing.
+        initial_epoch = _backup_epochs(write_dir)
+        if initial_epoch is not None and _finished_after_backup(write_dir):
+            shutil.rmtree(write_dir / "backup")
+            initial_epoch = None
+        continue_from = None
+        if initial_epoch is None:
+            # A finished run: on a worker whose private directory is gone, the chief's
+            # files (a shared filesystem) say how far the run got.
+            finished_dir = write_dir if (write_dir / "model.keras").is_file() else output_dir
+            if (finished_dir / "model.keras").is_file():
+                initial_epoch = read_run_history(finished_dir / "history.json")["epochs"]
+                continue_from = finished_dir / "model.keras"
+            else:
+                initial_epoch = 0
+        previous = read_run_history(
+            (continue_from.parent if continue_from else write_dir) / "history.json",
+            initial_epoch)
+        if chief and not initial_epoch and config.data in ("files", "tsv"):
+            # A new run: the user's test sets are found missing or unaligned now, not at
+            # `evaluate` after the training (not on resuming: they may have moved since).
+            source.check(source.test_sets())
+        if continue_from is not None and config.epochs <= initial_epoch:
+            print(f"{output_dir} holds a finished run of {initial_epoch} epoch(s); nothing to "
+                  "train (pass a larger --epochs to continue it).", flush=True)
+            return _load_finished_run(config, output_dir, continue_from, previous)
+        if continue_from is not None and time_budget_reached(
+                previous["epoch_seconds"], config.time_budget_minutes):
+            print(f"{output_dir} holds a run of {initial_epoch} epoch(s) that its time budget "
+                  f"of {config.time_budget_minutes:g} minutes stopped; nothing to train (set a "
+                  "larger time_budget_minutes to continue it).", flush=True)
+            return _load_finished_run(config, output_dir, continue_from, previous)
+        if (continue_from is not None and config.lr_cooldown and config.time_budget_minutes
+                and planned_epochs(config, previous["epoch_seconds"]) <= initial_epoch):
+            print(f"{output_dir} holds a run of {initial_epoch} epoch(s) whose learning rate "
+                  "cooled down to zero as its time budget of "
+                  f"{config.time_budget_minutes:g} minutes planned; nothing to train (set a "
+                  "larger time_budget_minutes to continue it).", flush=True)
+            return _load_finished_run(config, output_dir, continue_from, previous)
 
-    keras.utils.set_random_seed(config.seed)
-    precision = resolve_precision(config.precision)
-    if config.precision == "auto" and chief:
-        print(f"precision 'auto': {precision or 'float32'} on this machine", flush=True)
-    if precision:
-        keras.config.set_dtype_policy(precision)
-    replicas = strategy.num_replicas_in_sync
-    if chief:
-        # Atomically: other workers may read it (a shared filesystem) at this moment.
-        write_json_atomically(output_dir / "config.json", config.to_dict(), indent=2)
+        keras.utils.set_random_seed(config.seed)
+        precision = resolve_precision(config.precision)
+        if config.precision == "auto" and chief:
+            print(f"precision 'auto': {precision or 'float32'} on this machine", flush=True)
+        if precision:
+            keras.config.set_dtype_policy(precision)
+        replicas = strategy.num_replicas_in_sync
+        if chief:
+            # Atomically: other workers may read it (a shared filesystem) at this moment.
+            write_json_atomically(output_dir / "config.json", config.to_dict(), indent=2)
 
-    splits = {split: source.dataset(split) if split in source.splits() else None
-              for split in ("train", "validation")}
-    source_tokenizer, target_tokenizer = prepare_tokenizers(
-        config, itertools.islice(source.pairs("train"), config.train_subset), write_dir)
-    data_report = prepare_data_report(
-        source, config, source_tokenizer, target_tokenizer, write_dir, replicas,
-        resuming=bool(initial_epoch))
+        splits = {split: source.dataset(split) if split in source.splits() else None
+                  for split in ("train", "validation")}
+        source_tokenizer, target_tokenizer = prepare_tokenizers(
+            config, itertools.islice(source.pairs("train"), config.train_subset), write_dir)
+        data_report = prepare_data_report(
+            source, config, source_tokenizer, target_tokenizer, write_dir, replicas,
+            resuming=bool(initial_epoch))
+    except (ValueError, OSError) as error:
+        agree_with_workers(strategy, config, None, 0, write_dir, failure=error)
+        raise
     agreed_epoch = agree_with_workers(strategy, config, data_report, initial_epoch, write_dir,
                                       restartable=continue_from is None)
     resume_epoch = None

@@ -37,7 +37,11 @@ def cluster(monkeypatch):
 
     def gather(strategy, values):
         rows = [list(values)]
-        for config, report, directory in others:
+        for other in others:
+            if other == "failed":  # a worker that stopped before the agreement
+                rows.append([1, 0, 0, 0, -1, -1])
+                continue
+            config, report, directory = other
             captured = {}
             monkeypatch.setattr(trainer, "gather_from_workers",
                                 lambda s, v: captured.setdefault("row", list(v)) and [v])
@@ -88,3 +92,28 @@ def test_a_worker_that_lost_its_backup_is_refused_with_what_to_do(cluster, tmp_p
     with pytest.raises(ValueError, match=r"worker 0: \[3, 2, 0\]; worker 1: \[0\]\): worker 1 "
                                          r"lost.*RUN/workertemp_i/backup"):
         trainer.agree_with_workers(None, CONFIG, _report(), 3, tmp_path / "w0")
+
+
+def test_a_worker_that_failed_before_the_agreement_stops_the_others(cluster, tmp_path):
+    # A refusal on one worker only (the chief's check of its run's config.json) left the
+    # others waiting in the collective until TensorFlow's health check, minutes later.
+    cluster.append("failed")
+    with pytest.raises(ValueError, match="worker 1 stopped before training"):
+        trainer.agree_with_workers(None, CONFIG, _report(), 0, tmp_path)
+    cluster.clear()
+    with pytest.raises(KeyError, match="its own"):  # the failing worker raises its own error
+        trainer.agree_with_workers(None, CONFIG, None, 0, tmp_path, failure=KeyError("its own"))
+
+
+def test_a_run_killed_after_its_final_save_is_finished(tmp_path):
+    # Killed between model.keras and the backup's removal: resuming from the backup trained
+    # nothing while the other workers, finding the run finished, left.
+    import os
+
+    _backup(tmp_path, 3)
+    record = tmp_path / "backup" / "training_metadata.json"
+    (tmp_path / "model.keras").write_bytes(b"model")
+    assert trainer._finished_after_backup(tmp_path)
+    later = (tmp_path / "model.keras").stat().st_mtime_ns + 10**9
+    os.utime(record, ns=(later, later))  # a backup of a continued run, after the old model
+    assert not trainer._finished_after_backup(tmp_path)
