@@ -78,8 +78,11 @@ def main(argv=None):
     parser.add_argument("--shapes", default=",".join("x".join(map(str, s)) for s in SHAPES),
                         help="rowsxinnerxoutputs,...")
     args = parser.parse_args(argv)
-    tf.config.threading.set_intra_op_parallelism_threads(1)
-    tf.config.threading.set_inter_op_parallelism_threads(1)
+    try:
+        tf.config.threading.set_intra_op_parallelism_threads(1)
+        tf.config.threading.set_inter_op_parallelism_threads(1)
+    except RuntimeError:  # called in a process whose TensorFlow already runs (a test)
+        print("TensorFlow was already initialized: its thread settings are kept.")
     rng = np.random.default_rng(0)
     print("| rows x inner x outputs | float32 ms (GFLOP/s) | QuantizedMatMul ms (speed-up) "
           "| int8 max abs error / max abs |")
