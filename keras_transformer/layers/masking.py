@@ -40,12 +40,18 @@ def causal_mask(query_length, key_length, offset=0):
     return ops.expand_dims(ops.greater_equal(rows, cols), 0)
 
 
+def check_rank(name, shape, form):
+    """Refuses an argument `name` whose `shape` (a tuple, or `None` when not given) has
+    another rank than `form` (a rank-2 query failed in a reshape that named no argument)."""
+    if shape is not None and len(shape) != len(form.split(",")):
+        raise ValueError(f"`{name}` must be {form}, got shape {tuple(shape)}.")
+
+
 def check_mask_rank(name, value, form="(B, S)"):
     """Refuses a mask `value` (or `None`) of another rank than `form`, naming argument `name`
     (a `(B, S)` mask given as `(B, 1, S)` would broadcast into a wrong mask, or fail deep in
     a graph)."""
-    if value is not None and len(value.shape) != len(form.split(",")):
-        raise ValueError(f"`{name}` must be {form}, got shape {tuple(value.shape)}.")
+    check_rank(name, None if value is None else value.shape, form)
 
 
 def _check_mask_sizes(name, mask, sizes):

@@ -119,9 +119,9 @@ class MultiHeadAttention(keras.layers.Layer):
         )
 
     def build(self, query_shape, value_shape=None, key_shape=None):
-        check_rank("query", query_shape, "(B, T, d)")
-        check_rank("value", value_shape, "(B, S, d)")
-        check_rank("key", key_shape, "(B, S, d)")
+        masking.check_rank("query", query_shape, "(B, T, d)")
+        masking.check_rank("value", value_shape, "(B, S, d)")
+        masking.check_rank("key", key_shape, "(B, S, d)")
         d_model = query_shape[-1]
         if d_model is None:
             raise ValueError("The last dimension of `query` (d_model) must be known.")
@@ -184,9 +184,9 @@ class MultiHeadAttention(keras.layers.Layer):
         return_attention_scores=False,
         training=None,
     ):
-        check_rank("query", getattr(query, "shape", None), "(B, T, d)")
-        check_rank("value", getattr(value, "shape", None), "(B, S, d)")
-        check_rank("key", getattr(key, "shape", None), "(B, S, d)")
+        masking.check_rank("query", getattr(query, "shape", None), "(B, T, d)")
+        masking.check_rank("value", getattr(value, "shape", None), "(B, S, d)")
+        masking.check_rank("key", getattr(key, "shape", None), "(B, S, d)")
         if padding_mask is None and cache is None:
             padding_mask = masking.keras_mask(value)
         key = value if key is None else key
@@ -353,13 +353,6 @@ class MultiHeadAttention(keras.layers.Layer):
             }
         )
         return config
-
-
-def check_rank(name, shape, form):
-    """Refuses an input `name` whose `shape` (a tuple, or `None` when not given) has another
-    rank than `form` (a rank-2 query failed in a reshape that named no argument)."""
-    if shape is not None and len(shape) != len(form.split(",")):
-        raise ValueError(f"`{name}` must be {form}, got shape {tuple(shape)}.")
 
 
 def _checked_cache_index(cache, cache_index, length):

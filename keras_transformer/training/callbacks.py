@@ -789,21 +789,26 @@ class EpochCheckpoints(keras.callbacks.Callback):
             os.remove(old)
 
 
-def epoch_checkpoints(directory):
-    """The `EpochCheckpoints` files in `directory`, oldest epoch first."""
+def _numbered_epoch_checkpoints(directory):
+    """`(epoch, path)` of the `EpochCheckpoints` files in `directory`, oldest epoch first."""
     found = []
     for path in glob.glob(os.path.join(str(directory), "epoch-*.weights.npz")):
         match = _EPOCH_CHECKPOINT_RE.search(os.path.basename(path))
         if match:
             found.append((int(match.group(1)), path))
-    return [path for _, path in sorted(found)]
+    return sorted(found)
+
+
+def epoch_checkpoints(directory):
+    """The `EpochCheckpoints` files in `directory`, oldest epoch first."""
+    return [path for _, path in _numbered_epoch_checkpoints(directory)]
 
 
 def drop_epoch_checkpoints_after(directory, epochs):
     """Removes the `EpochCheckpoints` files in `directory` of epochs after `epochs` (those a
     process killed before its backup wrote: the resumed run trains those epochs again)."""
-    for path in epoch_checkpoints(directory):
-        if int(_EPOCH_CHECKPOINT_RE.search(os.path.basename(path)).group(1)) > epochs:
+    for epoch, path in _numbered_epoch_checkpoints(directory):
+        if epoch > epochs:
             os.remove(path)
 
 

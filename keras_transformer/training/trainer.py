@@ -55,6 +55,7 @@ from keras_transformer.training.strategy import (
     WORKER_TEMP_PREFIX,
     gather_from_workers,
     is_chief,
+    num_workers_from_tf_config,
     select_strategy,
     shard_by_data,
     slowest_worker,
@@ -417,20 +418,24 @@ def agree_with_workers(strategy, config, data_report, initial_epoch, write_dir,
         if failure is not None:
             raise failure
         return initial_epoch
+    # This worker's row: [failed, settings, data, restartable, latest epoch, previous or -1].
     if failure is not None:
-        gather_from_workers(strategy, [1, 0, 0, 0, -1, -1])
+        row = [1, 0, 0, 0, -1, -1]
+    else:
+        settings = {k: v for k, v in config.to_dict().items() if k != "data_files"}
+        # What each split holds, not where from (the files may sit elsewhere on each machine).
+        data = [{split: {k: v for k, v in counts.items() if k != "origin"}
+                 for split, counts in data_report.splits.items()},
+                data_report.batches, sorted(data_report.digests.values())]
+        epochs = backup_epochs(read_backup_metadata(pathlib.Path(write_dir) / "backup"))
+        epochs = epochs or [initial_epoch]
+        row = [0, _short_hash(settings), _short_hash(data), int(restartable)] + (
+            epochs + [-1])[:2]
+    rows = gather_from_workers(strategy, row)
+    if failure is not None:
         raise failure
-    settings = {k: v for k, v in config.to_dict().items() if k != "data_files"}
-    # What each split holds, not where from (the files may sit elsewhere on each machine).
-    data = [{split: {k: v for k, v in counts.items() if k != "origin"}
-             for split, counts in data_report.splits.items()},
-            data_report.batches, sorted(data_report.digests.values())]
-    epochs = backup_epochs(read_backup_metadata(pathlib.Path(write_dir) / "backup"))
-    epochs = epochs or [initial_epoch]
-    rows = gather_from_workers(strategy, [0, _short_hash(settings), _short_hash(data),
-                                          int(restartable)] + (epochs + [-1])[:2])
     # One row per replica: a worker with several devices has several of the same rows.
-    per_worker = max(len(rows) // (_cluster_size() or len(rows)), 1)
+    per_worker = max(len(rows) // (num_workers_from_tf_config() or len(rows)), 1)
     rows = rows[::per_worker]
     workers = [f"worker {i}" for i in range(len(rows))]
     failed = [w for w, row in zip(workers, rows) if row[0]]
@@ -457,13 +462,6 @@ def agree_with_workers(strategy, config, data_report, initial_epoch, write_dir,
             "the same place on the others (the workers' weights are the same), or start "
             "over with --overwrite on every worker.")
     return agreed
-
-
-def _cluster_size():
-    """The number of workers (`chief` and `worker` tasks) of `TF_CONFIG`'s cluster."""
-    from keras_transformer.training.strategy import num_workers_from_tf_config
-
-    return num_workers_from_tf_config()
 
 
 def epoch_seed(seed, epoch):
