@@ -1,4 +1,5 @@
-"""Plain or gzip-compressed text files read as bytes: opening them and counting their lines.
+"""Plain or gzip-compressed text files read as bytes: opening them, counting their lines,
+and the digest of a file's bytes.
 
 A module of its own, without TensorFlow: training's readers (`keras_transformer.data`) and
 the translator of an export (`keras_transformer.export.inference`, which must not load
@@ -6,12 +7,23 @@ TensorFlow Datasets) both read files with it.
 """
 
 import gzip
+import hashlib
 import os
 
 # A UTF-8 byte order mark, which some Windows editors write at the start of a file.
 UTF8_BOM = b"\xef\xbb\xbf"
 # Read size when counting lines.
 _COUNT_CHUNK = 1 << 20
+
+
+def file_digest(path):
+    """The BLAKE2b hex digest (16 bytes) of a file's bytes, read in blocks: whether a file's
+    content changed, whatever its times say (the data report, an average's record)."""
+    digest = hashlib.blake2b(digest_size=16)
+    with open(path, "rb") as f:
+        while block := f.read(1 << 20):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def open_binary(path):

@@ -19,7 +19,6 @@ never drop a sentence (the export truncates input to its `max_input_length`).
 """
 
 import dataclasses
-import hashlib
 import json
 import os
 import pathlib
@@ -30,6 +29,7 @@ import tensorflow as tf
 from keras_transformer.data.pipeline import batch_plan, count_batches
 from keras_transformer.data.readers import DataError, SplitReport, write_json_atomically
 from keras_transformer.data.sources import open_source
+from keras_transformer.textfiles import file_digest
 
 # File of the data report in a run directory.
 REPORT_FILENAME = "data_report.json"
@@ -170,15 +170,6 @@ def _file_stats(spec):
     return stats
 
 
-def _digest(path):
-    """The BLAKE2b hex digest of a file's bytes, read in blocks."""
-    digest = hashlib.blake2b(digest_size=16)
-    with open(path, "rb") as f:
-        while block := f.read(1 << 20):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def _check_unchanged(cached, stats):
     """Raises `DataError` if a data file whose size or time changed since `cached` was
     counted has other content now: the run's vocabulary and trained epochs were made from
@@ -187,7 +178,7 @@ def _check_unchanged(cached, stats):
     for path, digest in cached.digests.items():
         if stats.get(path) == old_stats.get(path) or not os.path.isfile(path):
             continue  # unchanged, or missing (reading it will say so)
-        if _digest(path) != digest:
+        if file_digest(path) != digest:
             raise DataError(
                 f"{path} changed since this run started: its content is not what the run's "
                 "vocabulary and trained epochs were made from. Restore the file, or train a "
@@ -253,7 +244,7 @@ def prepare_data_report(source, config, source_tokenizer, target_tokenizer, outp
         counts[split] = report.to_dict()
     data_report = DataReport(source=source.spec(), splits=counts, batches=batches,
                              fingerprint=fingerprint,
-                             digests={path: _digest(path) for path in fingerprint["files"]})
+                             digests={path: file_digest(path) for path in fingerprint["files"]})
     data_report.save(path)
     return data_report
 

@@ -7,7 +7,8 @@ A run directory (written by `keras-transformer train`) holds:
 - `checkpoints/last.keras`, `logs/` (TensorBoard), `backup/` (BackupAndRestore, while
   training), `history.json` (every epoch's logs and time);
 - `checkpoints/epoch-NNN.weights.npz` (with `keep_checkpoints`) and
-  `checkpoints/averaged.keras` (their mean, written by `keras-transformer average`).
+  `checkpoints/averaged.keras` (their mean, written by `keras-transformer average`, with
+  `checkpoints/averaged.json`, the record of the checkpoints it averages).
 """
 
 import json
@@ -34,7 +35,9 @@ def model_path(run_dir, checkpoint="best"):
     for path in candidates:
         if path.is_file():
             if checkpoint == "averaged":
-                _check_average_is_current(path)
+                from keras_transformer.training.averaging import check_average_is_current
+
+                check_average_is_current(path)
             return path
     hint = (
         "write it with `keras-transformer average --model RUN --last N`"
@@ -44,18 +47,6 @@ def model_path(run_dir, checkpoint="best"):
         f"No {checkpoint} model in {run_dir} (looked for "
         f"{', '.join(str(p) for p in candidates)}); {hint}."
     )
-
-
-def _check_average_is_current(path):
-    """Refuses an averaged model older than one of its run's epoch checkpoints (the run
-    went on after `average`: the average is of epochs that are no longer its last)."""
-    newer = sorted(p.name for p in path.parent.glob("epoch-*.weights.npz")
-                   if p.stat().st_mtime_ns > path.stat().st_mtime_ns)
-    if newer:
-        raise ValueError(
-            f"{path} is older than the run's epoch checkpoints {', '.join(newer)}: the run "
-            "trained on after it was averaged. Run `keras-transformer average` again."
-        )
 
 
 def resolve_checkpoint(run_dir, checkpoint="best"):

@@ -789,7 +789,7 @@ class EpochCheckpoints(keras.callbacks.Callback):
             os.remove(old)
 
 
-def _numbered_epoch_checkpoints(directory):
+def numbered_epoch_checkpoints(directory):
     """`(epoch, path)` of the `EpochCheckpoints` files in `directory`, oldest epoch first."""
     found = []
     for path in glob.glob(os.path.join(str(directory), "epoch-*.weights.npz")):
@@ -801,13 +801,13 @@ def _numbered_epoch_checkpoints(directory):
 
 def epoch_checkpoints(directory):
     """The `EpochCheckpoints` files in `directory`, oldest epoch first."""
-    return [path for _, path in _numbered_epoch_checkpoints(directory)]
+    return [path for _, path in numbered_epoch_checkpoints(directory)]
 
 
 def drop_epoch_checkpoints_after(directory, epochs):
     """Removes the `EpochCheckpoints` files in `directory` of epochs after `epochs` (those a
     process killed before its backup wrote: the resumed run trains those epochs again)."""
-    for epoch, path in _numbered_epoch_checkpoints(directory):
+    for epoch, path in numbered_epoch_checkpoints(directory):
         if epoch > epochs:
             os.remove(path)
 

@@ -77,16 +77,14 @@ def test_no_checkpoints_says_how_to_keep_them(tmp_path):
 
 
 def test_an_average_older_than_the_runs_epochs_is_not_exported(run_dir):
-    # A run continued after `average`: --checkpoint averaged exported epochs 2-3 of a
+    # A run continued after `average`: --checkpoint averaged exported epochs 3-4 of a
     # 5-epoch run, silently.
-    import os
-
     path, _ = average_run(run_dir, last=2)
     newer = run_dir / "checkpoints" / "epoch-005.weights.npz"
     _write_checkpoint(newer, _tiny_model().get_weights())
-    stamp = path.stat().st_mtime_ns - 10**10  # averaged ten seconds before the epoch
-    os.utime(path, ns=(stamp, stamp))
-    with pytest.raises(ValueError, match=r"older than.*epoch-005.*keras-transformer average"):
+    _age(newer, 10)  # whatever the files' times say
+    with pytest.raises(ValueError, match=r"epoch-003.*epoch-004.*later epoch checkpoints "
+                                         r"\(epoch-005.*keras-transformer average"):
         model_path(run_dir, "averaged")
     average_run(run_dir, last=2)
     assert model_path(run_dir, "averaged") == path
@@ -101,3 +99,50 @@ def test_an_unfinished_run_is_averaged_from_its_last_checkpoint(run_dir):
     with pytest.raises(FileNotFoundError, match="model.keras nor checkpoints/last.keras"):
         (run_dir / "checkpoints" / "last.keras").unlink()
         average_run(run_dir, last=2)
+
+
+def _age(path, seconds):
+    import os
+
+    stamp = path.stat().st_mtime_ns - seconds * 10**9
+    os.utime(path, ns=(stamp, stamp))
+
+
+def test_a_copied_run_exports_its_current_average(run_dir):
+    # `cp -r` (no -p) gives every file the copy's time, in the order it copies them:
+    # checkpoints/averaged.keras came out older than epoch-00N and export refused a
+    # current average.
+    path, _ = average_run(run_dir, last=2)
+    _age(path, 10)
+    assert model_path(run_dir, "averaged") == path
+
+
+def test_an_average_of_epochs_trained_again_is_not_exported(run_dir):
+    # A run shortened and trained again (its epoch 4 checkpoint rewritten after the
+    # average) with file times that do not tell: the average is of the old epoch 4.
+    path, _ = average_run(run_dir, last=2)
+    epoch_4 = run_dir / "checkpoints" / "epoch-004.weights.npz"
+    _write_checkpoint(epoch_4, _tiny_model().get_weights())
+    _age(epoch_4, 10)
+    with pytest.raises(ValueError, match=r"epoch-004.*changed.*keras-transformer average"):
+        model_path(run_dir, "averaged")
+
+
+def test_an_average_stays_current_when_its_checkpoints_are_deleted(run_dir):
+    # Deleting the epoch checkpoints after averaging (to save space) leaves the average
+    # exportable.
+    path, used = average_run(run_dir, last=2)
+    for checkpoint in (run_dir / "checkpoints").glob("epoch-*.npz"):
+        checkpoint.unlink()
+    assert model_path(run_dir, "averaged") == path
+
+
+def test_an_average_without_its_record_falls_back_to_file_times(run_dir):
+    # Averages written before the record existed: their age is all there is to go on.
+    path, _ = average_run(run_dir, last=2)
+    path.with_suffix(".json").unlink()
+    _write_checkpoint(run_dir / "checkpoints" / "epoch-005.weights.npz",
+                      _tiny_model().get_weights())
+    _age(path, 10)
+    with pytest.raises(ValueError, match=r"older than.*epoch-005"):
+        model_path(run_dir, "averaged")
