@@ -265,6 +265,7 @@ def cmd_train(args):
 
 
 def cmd_average(args):
+    from keras_transformer.checkpoint_files import AVERAGED_NAME
     from keras_transformer.training.averaging import average_run
 
     try:
@@ -272,8 +273,14 @@ def cmd_average(args):
     except (FileNotFoundError, ValueError) as error:
         raise SystemExit(str(error))
     names = ", ".join(pathlib.Path(p).name for p in used)
-    print(f"Averaged {len(used)} checkpoint(s) ({names}) -> {path}; export it with "
-          f"`keras-transformer export --model {args.model} --checkpoint averaged`", flush=True)
+    default = pathlib.Path(args.model) / "checkpoints" / AVERAGED_NAME
+    if pathlib.Path(path).resolve() == default.resolve():
+        use = (f"export it with `keras-transformer export --model {args.model} --checkpoint "
+               "averaged`")
+    else:  # export reads the run's own file only
+        use = ("a Keras model file (`keras.saving.load_model`); `export --checkpoint averaged` "
+               f"exports {default} instead")
+    print(f"Averaged {len(used)} checkpoint(s) ({names}) -> {path}; {use}", flush=True)
 
 
 def cmd_launch(args):

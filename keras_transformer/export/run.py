@@ -8,7 +8,7 @@ A run directory (written by `keras-transformer train`) holds:
   training), `history.json` (every epoch's logs and time);
 - `checkpoints/epoch-NNN.weights.npz` (with `keep_checkpoints`) and
   `checkpoints/averaged.keras` (their mean, written by `keras-transformer average`, with
-  `checkpoints/averaged.json`, the record of the checkpoints it averages).
+  `checkpoints/averaged.keras.json`, the record of the checkpoints it averages).
 """
 
 import json
@@ -16,6 +16,7 @@ import pathlib
 
 import keras
 
+from keras_transformer.checkpoint_files import check_average_is_current
 from keras_transformer.text import load_tokenizers
 
 CHECKPOINTS = ("best", "final", "last", "averaged")
@@ -35,8 +36,6 @@ def model_path(run_dir, checkpoint="best"):
     for path in candidates:
         if path.is_file():
             if checkpoint == "averaged":
-                from keras_transformer.training.averaging import check_average_is_current
-
                 check_average_is_current(path)
             return path
     hint = (

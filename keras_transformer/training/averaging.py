@@ -6,31 +6,20 @@ nearer the middle of the basin than any one of them and usually translates a lit
 better. A run keeps its last `keep_checkpoints` epochs' weights in
 `checkpoints/epoch-NNN.weights.npz` (`EpochCheckpoints`); `average_run` writes their mean
 as `checkpoints/averaged.keras`, which `keras-transformer export --checkpoint averaged`
-exports, and beside it `checkpoints/averaged.json`, the record of the checkpoints it
-averages (names and digests), from which `check_average_is_current` tells an average of the
+exports, and beside it `checkpoints/averaged.keras.json`, the record of the checkpoints it
+averages (`keras_transformer.checkpoint_files`), from which export tells an average of the
 run's last epochs from one the run trained past.
 """
 
-import json
-import os
 import pathlib
 
 import keras
 import numpy as np
 
+from keras_transformer.checkpoint_files import (
+    AVERAGED_NAME, average_record, average_record_path, numbered_epoch_checkpoints,
+)
 from keras_transformer.data.readers import write_json_atomically
-from keras_transformer.textfiles import file_digest
-from keras_transformer.training.callbacks import epoch_checkpoints, numbered_epoch_checkpoints
-
-# The averaged model of a run directory, next to its other checkpoints.
-AVERAGED_NAME = "averaged.keras"
-_RERUN = "Run `keras-transformer average` again."
-
-
-def record_path(averaged):
-    """The record of the checkpoints an averaged model averages: `averaged.json` beside
-    `averaged.keras`."""
-    return pathlib.Path(averaged).with_suffix(".json")
 
 
 def average_checkpoints(paths):
@@ -127,7 +116,10 @@ def average_run(run_dir, last=5, output=None):
         raise FileNotFoundError(
             f"Neither model.keras nor checkpoints/last.keras in {run_dir}: not a run directory "
             "that trained an epoch.")
-    chosen = [path for _, path in found[-last:]]
+    chosen = found[-last:]
+    # Recorded before averaging: the record names the content the average reads.
+    record = average_record(chosen)
+    chosen = [path for _, path in chosen]
     import keras_transformer.layers  # noqa: F401  (registers the layer classes)
     from keras_transformer.training.callbacks import save_atomically
 
@@ -136,64 +128,10 @@ def average_run(run_dir, last=5, output=None):
     output = pathlib.Path(output) if output else run_dir / "checkpoints" / AVERAGED_NAME
     # The old record goes first: a kill before the new one is written leaves a new model
     # without a record (checked by its age), never one described by the old record.
-    record_path(output).unlink(missing_ok=True)
+    pathlib.Path(average_record_path(output)).unlink(missing_ok=True)
     save_atomically(model, output)
-    write_json_atomically(record_path(output), {"averaged": [
-        {"epoch": epoch, "name": os.path.basename(path), "blake2b": file_digest(path)}
-        for epoch, path in found[-last:]]}, indent=1)
+    write_json_atomically(average_record_path(output), record, indent=1)
     return output, chosen
 
 
-def check_average_is_current(path):
-    """Refuses an averaged model that is not the mean of its run's last epochs.
-
-    With its record (`record_path`): when the run has an epoch checkpoint later than the
-    ones averaged (it trained on after `average`), or one of the averaged checkpoints
-    now has other content (the run was shortened and trained those epochs again).
-    Averaged checkpoints deleted since are not a reason: the average holds their weights.
-    Without a record (averages written before it existed): when an epoch checkpoint is newer
-    than the model file, which a copy that does not keep file times can also cause.
-
-    Args:
-        path: path-like, an averaged model in a run's `checkpoints/` directory.
-
-    Raises:
-        ValueError: saying which checkpoints and what to do.
-    """
-    path = pathlib.Path(path)
-    directory = path.parent
-    try:
-        with open(record_path(path), encoding="utf-8") as file:
-            averaged = json.load(file)["averaged"]
-        last_averaged = max(entry["epoch"] for entry in averaged)
-    except FileNotFoundError:
-        newer = sorted(os.path.basename(p) for p in epoch_checkpoints(directory)
-                       if os.stat(p).st_mtime_ns > path.stat().st_mtime_ns)
-        if newer:
-            raise ValueError(
-                f"{path} is older than the run's epoch checkpoints {', '.join(newer)}: the "
-                f"run trained on after it was averaged. {_RERUN}"
-            ) from None
-        return
-    except (OSError, ValueError, KeyError, TypeError) as error:
-        raise ValueError(f"{record_path(path)} cannot be read ({error}). {_RERUN}") from None
-    later = [os.path.basename(p) for epoch, p in numbered_epoch_checkpoints(directory)
-             if epoch > last_averaged]
-    if later:
-        names = ", ".join(entry["name"] for entry in averaged)
-        raise ValueError(
-            f"{path} averages {names}, but the run has later epoch "
-            f"checkpoints ({', '.join(later)}): it trained on after it was averaged. {_RERUN}"
-        )
-    changed = [entry["name"] for entry in averaged
-               if os.path.isfile(directory / entry["name"])
-               and file_digest(directory / entry["name"]) != entry["blake2b"]]
-    if changed:
-        raise ValueError(
-            f"{path} averages {', '.join(changed)} as they were before they changed: the "
-            f"run trained those epochs again after it was averaged. {_RERUN}"
-        )
-
-
-__all__ = ["AVERAGED_NAME", "average_checkpoints", "average_run", "check_average_is_current",
-           "record_path"]
+__all__ = ["AVERAGED_NAME", "average_checkpoints", "average_run"]

@@ -6,13 +6,15 @@ import json
 import logging
 import math
 import os
-import re
 import time
 
 import keras
 import numpy as np
 import sacrebleu
 
+from keras_transformer.checkpoint_files import (  # noqa: F401  (epoch_checkpoints: re-exported)
+    EPOCH_CHECKPOINT_PATTERN, epoch_checkpoints, numbered_epoch_checkpoints,
+)
 from keras_transformer.data.readers import write_json_atomically
 from keras_transformer.languages import bleu_tokenizer
 from keras_transformer.training.schedules import cooldown_steps
@@ -22,9 +24,6 @@ logger = logging.getLogger(__name__)
 # Extensions `BleuCallback` knows how to save the best model to.
 _MODEL_SUFFIX = ".keras"
 _WEIGHTS_SUFFIX = ".weights.h5"
-# `EpochCheckpoints` file names: `epoch-007.weights.npz` holds the weights after epoch 7.
-EPOCH_CHECKPOINT_PATTERN = "epoch-{epoch:03d}.weights.npz"
-_EPOCH_CHECKPOINT_RE = re.compile(r"epoch-(\d+)\.weights\.npz$")
 
 
 class BleuCallback(keras.callbacks.Callback):
@@ -787,21 +786,6 @@ class EpochCheckpoints(keras.callbacks.Callback):
         os.replace(temporary, path)
         for old in epoch_checkpoints(self.directory)[: -self.keep]:
             os.remove(old)
-
-
-def numbered_epoch_checkpoints(directory):
-    """`(epoch, path)` of the `EpochCheckpoints` files in `directory`, oldest epoch first."""
-    found = []
-    for path in glob.glob(os.path.join(str(directory), "epoch-*.weights.npz")):
-        match = _EPOCH_CHECKPOINT_RE.search(os.path.basename(path))
-        if match:
-            found.append((int(match.group(1)), path))
-    return sorted(found)
-
-
-def epoch_checkpoints(directory):
-    """The `EpochCheckpoints` files in `directory`, oldest epoch first."""
-    return [path for _, path in numbered_epoch_checkpoints(directory)]
 
 
 def drop_epoch_checkpoints_after(directory, epochs):

@@ -1,11 +1,13 @@
 """Checkpoint averaging: the averaged model's weights are the mean of the checkpoints."""
 
 import json
+import pathlib
 
 import keras
 import numpy as np
 import pytest
 
+from keras_transformer.checkpoint_files import average_record_path
 from keras_transformer.export.run import load_run, model_path
 from keras_transformer.model import build_transformer
 from keras_transformer.training.averaging import average_checkpoints, average_run
@@ -124,7 +126,8 @@ def test_an_average_of_epochs_trained_again_is_not_exported(run_dir):
     epoch_4 = run_dir / "checkpoints" / "epoch-004.weights.npz"
     _write_checkpoint(epoch_4, _tiny_model().get_weights())
     _age(epoch_4, 10)
-    with pytest.raises(ValueError, match=r"epoch-004.*changed.*keras-transformer average"):
+    with pytest.raises(ValueError, match=r"epoch-004.*content changed.*keras-transformer "
+                                         r"average --model RUN --last 2"):
         model_path(run_dir, "averaged")
 
 
@@ -140,9 +143,72 @@ def test_an_average_stays_current_when_its_checkpoints_are_deleted(run_dir):
 def test_an_average_without_its_record_falls_back_to_file_times(run_dir):
     # Averages written before the record existed: their age is all there is to go on.
     path, _ = average_run(run_dir, last=2)
-    path.with_suffix(".json").unlink()
+    pathlib.Path(average_record_path(path)).unlink()
     _write_checkpoint(run_dir / "checkpoints" / "epoch-005.weights.npz",
                       _tiny_model().get_weights())
     _age(path, 10)
     with pytest.raises(ValueError, match=r"older than.*epoch-005"):
         model_path(run_dir, "averaged")
+
+
+def test_an_average_of_epochs_a_resumed_run_dropped_is_not_exported(run_dir):
+    # A run killed after its epoch-4 checkpoint but before its backup of epoch 4 resumes
+    # from epoch 3 and drops epoch 4's checkpoint (`drop_epoch_checkpoints_after`): an
+    # average taken in between holds weights the run threw away.
+    from keras_transformer.training.callbacks import drop_epoch_checkpoints_after
+
+    path, _ = average_run(run_dir, last=2)
+    drop_epoch_checkpoints_after(run_dir / "checkpoints", 3)
+    with pytest.raises(ValueError, match=r"epoch-004.*no longer has.*--last 2"):
+        model_path(run_dir, "averaged")
+
+
+def test_the_record_names_the_averaged_checkpoints_and_their_content(run_dir):
+    from keras_transformer.textfiles import file_digest
+
+    path, used = average_run(run_dir, last=2)
+    record = json.loads(pathlib.Path(average_record_path(path)).read_text())
+    assert record == {"averaged": [
+        {"epoch": epoch, "name": f"epoch-{epoch:03d}.weights.npz",
+         "blake2b": file_digest(run_dir / "checkpoints" / f"epoch-{epoch:03d}.weights.npz")}
+        for epoch in (3, 4)]}
+
+
+@pytest.mark.parametrize("content", [
+    "{", '{"averaged": []}', '{"averaged": [{"epoch": 3}]}',
+    '{"averaged": [{"epoch": "3", "name": "epoch-003.weights.npz", "blake2b": "x"}]}',
+    '{"averaged": [{"epoch": 3, "name": "../epoch-003.weights.npz", "blake2b": "x"}]}',
+])
+def test_an_unreadable_record_says_to_average_again(run_dir, content):
+    path, _ = average_run(run_dir, last=2)
+    pathlib.Path(average_record_path(path)).write_text(content)
+    with pytest.raises(ValueError, match=r"cannot be read.*keras-transformer average"):
+        model_path(run_dir, "averaged")
+
+
+def test_reading_a_run_directory_loads_no_training_or_data_code():
+    # `export` and `evaluate` read run directories (export/run.py); the averaged model's
+    # check must not pull training's modules (and with them TensorFlow Datasets) in.
+    import subprocess
+    import sys
+
+    code = ("import sys, keras_transformer.export.run; "
+            "print(sorted(m for m in sys.modules if m == 'tensorflow_datasets' "
+            "or m.startswith(('keras_transformer.data', 'keras_transformer.training'))))")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            check=True)
+    assert result.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_average_to_another_file_does_not_point_export_at_the_run(run_dir, capsys):
+    # `average --out FILE` said "export it with --checkpoint averaged", which exports the
+    # run's own checkpoints/averaged.keras, not FILE.
+    from keras_transformer.cli import main
+
+    main(["average", "--model", str(run_dir), "--last", "2",
+          "--out", str(run_dir / "elsewhere.keras")])
+    said = capsys.readouterr().out
+    assert "elsewhere.keras" in said and "export it with" not in said
+    assert "load_model" in said
+    main(["average", "--model", str(run_dir), "--last", "2"])
+    assert "export it with `keras-transformer export" in capsys.readouterr().out
