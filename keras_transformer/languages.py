@@ -19,11 +19,17 @@ _CHARACTER_SCRIPTS = {"th", "lo", "km", "my", "bo", "dz", "tha", "lao", "khm", "
 
 
 def language_from_path(path):
-    """The language code in a file name (`train.fr.gz` -> `fr`), or None."""
+    """The language code in a file name (`train.fr.gz`, `train.fr.txt` -> `fr`), or None.
+
+    The last suffix that is not a compression or a text format (`.gz`, `.txt`, `.tsv`, ...)
+    is the code when it looks like one.
+    """
     name = pathlib.Path(path).name
     if name.endswith(".gz"):
         name = name[: -len(".gz")]
     suffix = pathlib.Path(name).suffix.lstrip(".")
+    if suffix.lower() in _NOT_LANGUAGES:  # `train.fr.txt`: the code comes before
+        suffix = pathlib.Path(pathlib.Path(name).stem).suffix.lstrip(".")
     if suffix.lower() in _NOT_LANGUAGES or not _LANG_SUFFIX.match(suffix):
         return None
     return suffix
@@ -35,7 +41,8 @@ def bleu_tokenizer(language):
 
     sacreBLEU's default, `13a`, splits words at spaces and punctuation: a Chinese or
     Japanese sentence would be one word, and BLEU about 0 whatever the translation. As WMT
-    scores them: Chinese `zh`; Japanese `ja-mecab` when MeCab and its dictionary are
+    scores them: Chinese `zh` (for the codes `zh`, `zho`, `chi`, `cmn` and the country code
+    `cn`); Japanese (`ja`, `jpn`, `jp`) `ja-mecab` when MeCab and its dictionary are
     installed, else characters; Thai, Lao, Khmer, Burmese, Tibetan and Dzongkha characters;
     every other language `13a`. The BLEU signature printed with a score names the one used.
 
@@ -45,9 +52,9 @@ def bleu_tokenizer(language):
     ('13a', 'zh', 'char')
     """
     code = re.split(r"[_-]", (language or "").lower())[0]
-    if code in ("zh", "zho", "chi", "cmn"):
+    if code in ("zh", "zho", "chi", "cmn", "cn"):  # cn, jp: country codes used for them
         return "zh"
-    if code in ("ja", "jpn"):
+    if code in ("ja", "jpn", "jp"):
         mecab = all(importlib.util.find_spec(name) for name in ("MeCab", "ipadic"))
         return "ja-mecab" if mecab else "char"
     if code in _CHARACTER_SCRIPTS:

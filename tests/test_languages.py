@@ -50,3 +50,19 @@ def test_validation_bleu_of_a_chinese_target_is_tokenized_for_it():
                         target_lang="zh").compute_bleu() == pytest.approx(
         __import__("sacrebleu").corpus_bleu(ZH_HYPOTHESES, [ZH_REFERENCES],
                                             tokenize="zh").score)
+
+
+def test_a_language_code_before_a_text_suffix_is_read():
+    # `train.fr.txt` and `news.pt_br.txt` (the module's own example) gave None, and `train`
+    # stopped with "Could not tell the languages".
+    assert language_from_path("corpus/train.fr.txt") == "fr"
+    assert language_from_path("news.pt_br.txt") == "pt_br"
+    assert language_from_path("train.de.txt.gz") == "de"
+    assert language_from_path("train.txt") is None and language_from_path("test.tsv.gz") is None
+
+
+def test_country_codes_used_for_chinese_and_japanese_are_scored_as_those_languages():
+    # `train.cn` / `train.jp` (country codes, common in corpora) were scored with 13a: a
+    # whole Chinese or Japanese sentence as one word, BLEU near 0.
+    assert bleu_tokenizer("cn") == "zh"
+    assert bleu_tokenizer("jp") == bleu_tokenizer("ja")
