@@ -31,6 +31,17 @@ def _count(text):
     return value
 
 
+def _minutes(text):
+    """argparse type: a number of minutes >= 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not value >= 0:  # NaN too
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
+    return value
+
+
 def _parse_overrides(pairs):
     """`["epochs=2", "d_model=64"]` -> `{"epochs": 2, "d_model": 64}` (values read as JSON)."""
     from keras_transformer.training.presets import parse_overrides
@@ -118,6 +129,11 @@ def _data_overrides(args):
         elif not (args.source_lang and args.target_lang):
             raise SystemExit("A TSV file does not say its languages: pass --source-lang and "
                              "--target-lang.")
+    elif args.valid or args.test:
+        raise SystemExit(
+            "--valid and --test go with --train (a run's data files are fixed when it starts); "
+            "to score a trained model on other sentences: keras-transformer evaluate --export "
+            "DIR --src SRC --ref REF.")
     elif data in ("files", "tsv"):
         raise SystemExit(f"--data {data} needs --train (and --valid) files.")
     if data:
@@ -234,6 +250,7 @@ def _overwrite_and_train(args, config, output, worker_index):
         data_dir=args.tfds_dir,
         local_dir=args.data_dir,
         strategy=args.strategy,
+        cluster_timeout_minutes=args.cluster_timeout,
         make_translate_fn=_make_translate_fn(search, config.beam_size, config.length_penalty,
                                              config.max_length + 16),
     )
@@ -590,6 +607,10 @@ def build_parser():
                        "machine (sets TF_CONFIG; worker 0 is the chief and writes --output)")
     train.add_argument("--worker-index", type=int, metavar="I",
                        help="this machine's position in --workers")
+    # 30.0 = strategy.CLUSTER_TIMEOUT_MINUTES (not imported here: it loads TensorFlow).
+    train.add_argument("--cluster-timeout", type=_minutes, default=30.0, metavar="MINUTES",
+                       help="a multi-worker worker exits (status 1) when the others have not "
+                       "all connected after this many minutes (default 30; 0: no limit)")
     train.set_defaults(func=cmd_train)
 
     average = sub.add_parser(

@@ -227,3 +227,14 @@ def test_languages_that_contradict_the_file_names_are_refused(tmp_path):
               f("train.fr"), f("train.en"), "--source-lang", "en", "--target-lang", "fr"],
              "train.fr", "--source-lang en", "source file first")
     assert not (tmp_path / "run").exists()
+
+
+def test_valid_or_test_files_without_train_files_are_refused(tmp_path):
+    # `train --output RUN --test news=SRC,TGT` (adding a test set to a run, or a forgotten
+    # --train) trained without them, silently; `evaluate --split news` failed afterwards.
+    f = _corpus(tmp_path)
+    base = ["train", "--preset", "tiny", "--output", str(tmp_path / "run")]
+    for extra in (["--test", f"news={f('test.fr')},{f('test.en')}"],
+                  ["--valid", f("val.fr"), f("val.en")]):
+        _refused(base + extra, "go with --train", "evaluate --export")
+    assert not (tmp_path / "run").exists()
