@@ -278,24 +278,69 @@ def gather_from_workers(strategy, values):
     return every.numpy().tolist()
 
 
-def _wait_for_the_cluster(create):
-    """`create()` (a `MultiWorkerMirroredStrategy`, which waits until every worker of
-    `TF_CONFIG` has connected), said first; then SIGTERM terminates the process again.
+# Minutes a worker waits for the others of its cluster to connect before it gives up
+# (`select_strategy(cluster_timeout_minutes=...)`, `train --cluster-timeout`).
+CLUSTER_TIMEOUT_MINUTES = 30.0
 
-    TensorFlow's multi-worker runtime installs a SIGTERM handler that ignores the signal
-    (for its preemption notices): a worker went on training after a cluster manager's pod
-    termination or `launch` stopped it, until SIGKILL. Its wait for the other workers holds
-    the interpreter, so no Python code runs until they connect (only SIGKILL stops a worker
-    whose peers never come): the line printed first says what it waits for.
+
+def _start_watchdog(seconds):
+    """`faulthandler`'s exit after `seconds` (stack traces to the process' standard error);
+    whether it started: it needs a stream with a file descriptor, which a notebook's
+    `sys.stderr` may not have."""
+    import faulthandler
+
+    for stream in (sys.stderr, sys.__stderr__):
+        try:
+            faulthandler.dump_traceback_later(seconds, exit=True, file=stream)
+            return True
+        except (AttributeError, ValueError, OSError):  # io.UnsupportedOperation too
+            continue
+    logger.warning("No stream with a file descriptor: the wait for the cluster has no "
+                   "time limit.")
+    return False
+
+
+def _wait_for_the_cluster(create, timeout_minutes=CLUSTER_TIMEOUT_MINUTES):
+    """`create()` (a `MultiWorkerMirroredStrategy`, which waits until every worker of
+    `TF_CONFIG` has connected), said first; Ctrl-C stops the wait, and after
+    `timeout_minutes` (None or 0: never) the worker gives up; then SIGTERM terminates the
+    process again.
+
+    TensorFlow's wait for the other workers holds the interpreter: no Python code runs
+    until they connect, so neither a `KeyboardInterrupt` nor a Python timer can end it.
+    During the wait Ctrl-C (SIGINT) therefore takes the system's default action
+    (the process ends at once: nothing has been written yet), and the timeout is
+    `faulthandler`'s watchdog thread, which runs without the interpreter: it prints where
+    the worker waited and exits with status 1. A worker whose peers never come (a wrong
+    address in `TF_CONFIG`, a machine that did not start) stops instead of waiting for ever.
+
+    TensorFlow's multi-worker runtime also installs a SIGTERM handler that ignores the
+    signal (for its preemption notices): a worker went on training after a cluster
+    manager's pod termination or `launch` stopped it, until SIGKILL. Once connected,
+    SIGTERM terminates again and Ctrl-C raises `KeyboardInterrupt` as usual.
     """
     workers = json.loads(os.environ.get("TF_CONFIG") or "{}").get("cluster", {})
     addresses = ", ".join(a for kind in ("chief", "worker") for a in workers.get(kind, []))
+    limit = (f"gives up after {timeout_minutes:g} minute(s)" if timeout_minutes
+             else "waits with no time limit")
     print(f"Connecting to the other workers of the cluster ({addresses}): this waits until "
-          "`train` runs on every one of them.", file=sys.stderr, flush=True)
-    strategy = create()
-    if threading.current_thread() is threading.main_thread():
+          f"`train` runs on every one of them (Ctrl-C stops it; it {limit}).",
+          file=sys.stderr, flush=True)
+    main = threading.current_thread() is threading.main_thread()
+    if main:
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+    watched = bool(timeout_minutes) and _start_watchdog(timeout_minutes * 60)
+    try:
+        strategy = create()
+    finally:
+        if watched:
+            import faulthandler
+
+            faulthandler.cancel_dump_traceback_later()
+        if main:
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+    if main:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        signal.signal(signal.SIGINT, signal.default_int_handler)
     return strategy
 
 
@@ -364,7 +409,8 @@ def _fix_keras_multi_worker_logs():
     keras_tf_trainer.reduce_per_replica = reduce_per_replica
 
 
-def select_strategy(name="auto", devices=None):
+def select_strategy(name="auto", devices=None,
+                    cluster_timeout_minutes=CLUSTER_TIMEOUT_MINUTES):
     """Returns the `tf.distribute.Strategy` named `name`, and logs which one it is.
 
     - `"auto"`: `MultiWorkerMirroredStrategy` when `TF_CONFIG` names a cluster of more
@@ -389,6 +435,9 @@ def select_strategy(name="auto", devices=None):
             Defaults to `"auto"`.
         devices: list of device strings or `None`, the devices of `"mirrored"`.
             Defaults to `None`.
+        cluster_timeout_minutes: float or `None`, how long a `"multi_worker"` worker waits
+            for the others to connect before it exits with status 1 (`None` or 0: no
+            limit); Ctrl-C stops the wait. Defaults to `CLUSTER_TIMEOUT_MINUTES` (30).
 
     Returns:
         A `tf.distribute.Strategy`.
@@ -441,7 +490,7 @@ def select_strategy(name="auto", devices=None):
             communication_options=tf.distribute.experimental.CommunicationOptions(
                 implementation=implementation
             )
-        ))
+        ), cluster_timeout_minutes)
         _fix_keras_multi_worker_logs()
     else:
         if devices is None:

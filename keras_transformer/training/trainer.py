@@ -52,6 +52,7 @@ from keras_transformer.training.optimizers import learning_rate_schedule, make_o
 from keras_transformer.training.presets import TrainingConfig, resolve_precision
 from keras_transformer.training.schedules import cooldown_steps
 from keras_transformer.training.strategy import (
+    CLUSTER_TIMEOUT_MINUTES,
     WORKER_TEMP_PREFIX,
     gather_from_workers,
     is_chief,
@@ -368,7 +369,7 @@ def check_resumable(config, run_dir):
         )
 
 
-def _backup_epochs(write_dir):
+def _latest_backup_epoch(write_dir):
     """Epochs the `BackupAndRestore` state covers, or `None` without a backup."""
     metadata = read_backup_metadata(pathlib.Path(write_dir) / "backup")
     return None if metadata is None else int(metadata["epoch"])
@@ -575,6 +576,7 @@ def train(
     report_padding=True,
     verbose="auto",
     callbacks=None,
+    cluster_timeout_minutes=CLUSTER_TIMEOUT_MINUTES,
 ):
     """Trains a Transformer on the config's data source with `model.fit`; writes a run dir.
 
@@ -623,12 +625,16 @@ def train(
             log file).
         callbacks: list of extra `keras.callbacks.Callback`, run after the run's own.
             Defaults to `None`.
+        cluster_timeout_minutes: float or `None`, with a strategy name that resolves to
+            `"multi_worker"`: how long this worker waits for the others to connect before
+            it exits with status 1 (`None` or 0: no limit; `select_strategy`). Defaults to
+            30.
 
     Returns:
         A `TrainingRun`.
     """
     if isinstance(strategy, str):
-        strategy = select_strategy(strategy)
+        strategy = select_strategy(strategy, cluster_timeout_minutes=cluster_timeout_minutes)
     output_dir = pathlib.Path(output_dir)
     write_dir = worker_write_dir(output_dir, strategy)
     with hold_run_directory(write_dir):
@@ -651,7 +657,7 @@ def _train(config, output_dir, write_dir, strategy, data_dir, local_dir, make_tr
         check_resumable(config, write_dir)
 
         # Where this run stands: a backup (interrupted), a final model (finished) or nothing.
-        initial_epoch = _backup_epochs(write_dir)
+        initial_epoch = _latest_backup_epoch(write_dir)
         if initial_epoch is not None and _finished_after_backup(write_dir):
             shutil.rmtree(write_dir / "backup")
             initial_epoch = None
