@@ -409,7 +409,9 @@ def cmd_translate(args):
     translator = ExportedTranslator(args.export, signature=args.signature)
     progress = _progress_bar(args, total)
     if args.output:
-        out = open(args.output, "w", encoding="utf-8")
+        from keras_transformer.textfiles import open_text_output
+
+        out = open_text_output(args.output)  # compressed for a .gz name, as inputs are read
     else:
         out = sys.stdout
         if hasattr(out, "reconfigure"):
@@ -702,7 +704,7 @@ def build_parser():
         "Serving server use export/client.py)")
     translate.add_argument("--export", required=True, help="SavedModel version dir or base dir")
     translate.add_argument("--input", default="-", help="file of sentences (default stdin)")
-    translate.add_argument("--output", help="file for translations (default stdout)")
+    translate.add_argument("--output", help="file for translations, gzip-compressed when it ends in .gz (default stdout)")
     translate.add_argument("--signature", default="translate")
     translate.add_argument("--batch-size", type=_count, default=64)
     translate.add_argument("--progress", action=argparse.BooleanOptionalAction,

@@ -1,5 +1,5 @@
-"""Plain or gzip-compressed text files read as bytes: opening them, counting their lines,
-and the digest of a file's bytes.
+"""Plain or gzip-compressed text files: opening them (bytes to read, text to write),
+counting their lines, and the digest of a file's bytes.
 
 A module of its own, without TensorFlow: training's readers (`keras_transformer.data`) and
 the translator of an export (`keras_transformer.export.inference`, which must not load
@@ -30,6 +30,15 @@ def open_binary(path):
     """Opens a plain or `.gz` file for reading bytes."""
     path = os.fspath(path)
     return gzip.open(path, "rb") if path.endswith(".gz") else open(path, "rb")
+
+
+def open_text_output(path):
+    """Opens a file for writing UTF-8 text, gzip-compressed when its name ends in `.gz` (as
+    `open_binary` reads it)."""
+    path = os.fspath(path)
+    if path.endswith(".gz"):
+        return gzip.open(path, "wt", encoding="utf-8")
+    return open(path, "w", encoding="utf-8")
 
 
 def count_lines(path):

@@ -254,3 +254,28 @@ def test_export_computes_in_float32_whatever_the_run_trained_in(copy_task, tmp_p
     # The copy task is learned well enough for bfloat16's rounding to change few outputs.
     same = sum(a == b for a, b in zip(translations[None], translations["bfloat16"]))
     assert same >= 0.8 * len(copy_task.held_out), translations
+
+
+def test_translate_writes_a_gz_output_compressed(tmp_path, monkeypatch):
+    # `--input` files ending in .gz are read compressed; `--output hyp.de.gz` was written as
+    # plain text under that name, and reading it back failed with "Not a gzipped file".
+    import gzip
+
+    from keras_transformer.export import inference
+
+    class Upper:  # a stand-in export: the "translation" is the line in capitals
+        def __init__(self, export, signature=None):
+            pass
+
+        def translate_stream(self, lines, batch_size=32, on_batch=None):
+            for line in lines:
+                yield {"translation": line.upper(), "truncated": False}
+
+    monkeypatch.setattr(inference, "ExportedTranslator", Upper)
+    source = tmp_path / "in.en.gz"
+    with gzip.open(source, "wt", encoding="utf-8") as stream:
+        stream.write("a dog\nüber\n")
+    output = tmp_path / "out.de.gz"
+    cli.main(["translate", "--export", "e", "--input", str(source), "--output", str(output)])
+    with gzip.open(output, "rt", encoding="utf-8") as stream:
+        assert stream.read() == "A DOG\nÜBER\n"
