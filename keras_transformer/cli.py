@@ -704,7 +704,8 @@ def build_parser():
         "Serving server use export/client.py)")
     translate.add_argument("--export", required=True, help="SavedModel version dir or base dir")
     translate.add_argument("--input", default="-", help="file of sentences (default stdin)")
-    translate.add_argument("--output", help="file for translations, gzip-compressed when it ends in .gz (default stdout)")
+    translate.add_argument("--output", help="file for translations, gzip-compressed when it "
+                           "ends in .gz (default stdout)")
     translate.add_argument("--signature", default="translate")
     translate.add_argument("--batch-size", type=_count, default=64)
     translate.add_argument("--progress", action=argparse.BooleanOptionalAction,
