@@ -107,7 +107,8 @@ class ExportedTranslator:
 
     Raises:
         FileNotFoundError: when `path` is neither a SavedModel nor a base directory.
-        ValueError: when the SavedModel has no signature `signature`.
+        ValueError: when the SavedModel has no signature `signature`, or one that takes
+            other inputs than a batch of sentences (`metadata`, `translate_seeded`).
 
     Example:
     >>> from keras_transformer import build_transformer
@@ -136,6 +137,14 @@ class ExportedTranslator:
                 f"{sorted(self._loaded.signatures.keys())}."
             )
         self._function = self._loaded.signatures[signature]
+        inputs = sorted(self._function.structured_input_signature[1])
+        if inputs != [INPUT_NAME]:
+            usable = sorted(name for name, function in self._loaded.signatures.items()
+                            if sorted(function.structured_input_signature[1]) == [INPUT_NAME])
+            raise ValueError(
+                f"The signature {signature!r} of {self.path} takes the inputs {inputs}, not one "
+                f"batch of sentences ({INPUT_NAME!r}): translate with one of {usable}."
+            )
 
     @property
     def version(self):

@@ -161,3 +161,33 @@ def test_progress_bar_counts_to_the_total_and_ends_its_line():
     text = stream.getvalue()
     assert text.count("\r") == 5 and text.endswith("\n")
     assert text.rsplit("\r", 1)[1].startswith("10/10 sentences 100.0%")
+
+
+def test_a_signature_that_does_not_translate_text_is_refused_by_name(tmp_path):
+    # `translate --signature metadata` (no input) or `translate_seeded` (a seed per
+    # sentence as well) failed with a TypeError traceback on the first batch.
+    from keras_transformer.export.inference import ExportedTranslator
+
+    class Export(tf.Module):
+        @tf.function(input_signature=[tf.TensorSpec([None], tf.string)])
+        def translate(self, text):
+            return {"translation": text, "score": tf.zeros_like(text, tf.float32),
+                    "length": tf.zeros_like(text, tf.int32)}
+
+        @tf.function(input_signature=[tf.TensorSpec([None], tf.string),
+                                      tf.TensorSpec([None], tf.int64)])
+        def translate_seeded(self, text, seed):
+            return self.translate(text)
+
+        @tf.function(input_signature=[])
+        def metadata(self):
+            return {"source_lang": tf.constant("en")}
+
+    module = Export()
+    tf.saved_model.save(module, str(tmp_path / "1"), signatures={
+        "translate": module.translate, "translate_seeded": module.translate_seeded,
+        "metadata": module.metadata})
+    assert ExportedTranslator(tmp_path, "translate").translate(["a"])[0]["translation"] == "a"
+    for name in ("translate_seeded", "metadata"):
+        with pytest.raises(ValueError, match=rf"'{name}' .*text.*translate"):
+            ExportedTranslator(tmp_path, name)
