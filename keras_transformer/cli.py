@@ -316,16 +316,27 @@ def cmd_export(args):
     from keras_transformer.export import DecodingConfig, Translator, export_translator, load_run
     from keras_transformer.export.saved_model import check_base_dir
 
+    # Flags not given (None) keep DecodingConfig's defaults; these four set beam search.
+    stopping = None if args.beam_stopping is None else args.beam_stopping == "early"
+    beam = {"--beam-size": ("beam_size", args.beam_size), "--alpha": ("alpha", args.alpha),
+            "--beam-stopping": ("early_stopping", stopping),
+            "--length-penalty-form": ("length_penalty_form", args.length_penalty_form)}
+    given = {field: value for field, value in beam.values() if value is not None}
+    if given and args.search != "beam":
+        flags = ", ".join(flag for flag, (_, value) in beam.items() if value is not None)
+        raise SystemExit(f"keras-transformer export: {flags} set(s) beam search, which --search "
+                         f"{args.search} does not run: leave it out, or export --search beam.")
+    if args.jit_max_rows is not None:
+        if not args.jit:
+            raise SystemExit("keras-transformer export: --jit-max-rows goes with --jit.")
+        given["jit_max_rows"] = args.jit_max_rows or None  # 0: XLA at every batch size
     check_base_dir(args.out)  # before the model loads
 
     # The settings are checked before the model is loaded, so a bad flag fails at once.
     try:
         decoding = DecodingConfig.for_export(
             search=args.search,
-            beam_size=args.beam_size,
-            alpha=args.alpha,
-            early_stopping=args.beam_stopping == "early",
-            length_penalty_form=args.length_penalty_form,
+            **given,
             max_input_length=args.max_input_length,
             extra_length=args.extra_length,
             max_output_length=args.max_output_length,
@@ -334,7 +345,6 @@ def cmd_export(args):
             top_p=args.top_p,
             disable_unk=not args.allow_unk,
             jit_compile=args.jit,
-            jit_max_rows=args.jit_max_rows or None,
             drop_finished=not args.keep_finished,
             in_place_cache="none" if args.growing_cache else "beam",
             # Otherwise DecodingConfig.EXPORT_SETTINGS decides (stored).
@@ -359,7 +369,7 @@ def cmd_export(args):
         metadata={"run_dir": str(args.model), **checkpoint, "dtype": args.dtype,
                   "training_config": config, **direction},
     )
-    search = f"beam {args.beam_size}" if args.search == "beam" else args.search
+    search = f"beam {decoding.beam_size}" if args.search == "beam" else args.search
     print(f"Exported a {search} translator to {path}")
     print(f"  from checkpoint {checkpoint['checkpoint']} ({checkpoint['checkpoint_path']})")
 
@@ -644,14 +654,15 @@ def build_parser():
     export.add_argument("--checkpoint", default="best",
                         choices=["best", "final", "last", "averaged"])
     export.add_argument("--search", default="beam", choices=SEARCHES)
-    export.add_argument("--beam-size", type=int, default=4)
-    export.add_argument("--alpha", type=float, default=0.6)
-    export.add_argument("--beam-stopping", default="early", choices=BEAM_STOPPING,
+    export.add_argument("--beam-size", type=int, help="beam search's hypotheses (default 4)")
+    export.add_argument("--alpha", type=float,
+                        help="beam search's length penalty strength (default 0.6)")
+    export.add_argument("--beam-stopping", choices=BEAM_STOPPING,
                         help="beam search: a sentence is done once --beam-size hypotheses "
                         "have finished (early, as fairseq and CTranslate2; default) or once no "
                         "alive hypothesis can beat them (exact: about 2x slower with a length "
                         "penalty of 1.4, occasionally better)")
-    export.add_argument("--length-penalty-form", default="gnmt", choices=LENGTH_PENALTY_FORMS,
+    export.add_argument("--length-penalty-form", choices=LENGTH_PENALTY_FORMS,
                         help="beam search ranks by log_prob / ((5 + length) / 6) ** alpha "
                         "(gnmt, the default) or by log_prob / length ** alpha (power: "
                         "CTranslate2's length_penalty); END counts in the length")
@@ -674,7 +685,7 @@ def build_parser():
     export.add_argument("--jit", action="store_true",
                         help="compile the encoder and the search loop with XLA (faster; the "
                         "model server must run with --xla_cpu_compilation_enabled=true)")
-    export.add_argument("--jit-max-rows", type=int, default=4, metavar="N",
+    export.add_argument("--jit-max-rows", type=int, metavar="N",
                         help="with --jit: a batch of more than N rows (sentences x beam "
                         "size) takes the regular search, faster on large batches (default 4; "
                         "0 = XLA at every size)")

@@ -238,3 +238,15 @@ def test_valid_or_test_files_without_train_files_are_refused(tmp_path):
                   ["--valid", f("val.fr"), f("val.en")]):
         _refused(base + extra, "go with --train", "evaluate --export")
     assert not (tmp_path / "run").exists()
+
+
+def test_export_flags_the_chosen_search_would_ignore_are_refused(tmp_path):
+    # `export --search greedy --beam-size 8` exported greedy search and dropped the flag, as
+    # did --jit-max-rows without --jit.
+    base = ["export", "--model", str(tmp_path / "run"), "--out", str(tmp_path / "export")]
+    for search in ("greedy", "sample"):
+        for flag, value in (("--beam-size", "8"), ("--alpha", "1.0"),
+                            ("--beam-stopping", "exact"), ("--length-penalty-form", "power")):
+            _refused(base + ["--search", search, flag, value], flag, "--search beam")
+    _refused(base + ["--jit-max-rows", "8"], "--jit-max-rows", "--jit")
+    assert not (tmp_path / "export").exists()
