@@ -386,9 +386,11 @@ def _checkpoint_record(run_dir, requested):
 
 
 def _read_lines(path):
+    """A file's lines for `evaluate`, refused unless UTF-8: a reference file in another
+    encoding would lower BLEU silently."""
     from keras_transformer.export.inference import read_lines
 
-    return read_lines(path)
+    return read_lines(path, strict=True)
 
 
 def _progress_bar(args, total, streams_output=True):

@@ -250,3 +250,14 @@ def test_export_flags_the_chosen_search_would_ignore_are_refused(tmp_path):
             _refused(base + ["--search", search, flag, value], flag, "--search beam")
     _refused(base + ["--jit-max-rows", "8"], "--jit-max-rows", "--jit")
     assert not (tmp_path / "export").exists()
+
+
+def test_evaluate_refuses_files_that_are_not_utf8(tmp_path):
+    # A Latin-1 reference file was read with U+FFFD for every accented letter: BLEU fell
+    # and nothing said why (training refuses such a file, naming the line).
+    from keras_transformer.cli import _read_parallel
+
+    (tmp_path / "test.fr").write_text("une maison\nun chien\n", encoding="utf-8")
+    (tmp_path / "test.de").write_bytes("ein Haus\nein Hund läuft\n".encode("latin-1"))
+    with pytest.raises(ValueError, match=r"test\.de:2.*UTF-8.*iconv"):
+        _read_parallel(tmp_path / "test.fr", tmp_path / "test.de")

@@ -8,6 +8,7 @@ does with the same directory.
 
 import itertools
 import json
+import os
 import pathlib
 import sys
 import time
@@ -237,24 +238,26 @@ class ExportedTranslator:
         return [r["translation"] for r in self.translate(sentences, batch_size=batch_size)]
 
 
-def read_lines(path_or_dash):
+def read_lines(path_or_dash, strict=False):
     """Reads one sentence per line from a UTF-8 file (plain or `.gz`), or from stdin when
     given `"-"`.
 
     Only `"\\n"` separates lines (a trailing `"\\r"` is dropped), so Unicode line separators
     inside a sentence do not shift it against its reference; empty lines are kept; invalid
-    UTF-8 bytes become U+FFFD.
+    UTF-8 bytes become U+FFFD, or with `strict` raise `ValueError` naming the line.
 
     Args:
         path_or_dash: str or path-like, a file, or `"-"` for standard input.
+        strict: bool, refuse bytes that are not UTF-8 (a file in another encoding) rather
+            than replace them. Defaults to `False`.
 
     Returns:
         list of str, without line terminators.
     """
-    return list(iter_lines(path_or_dash))
+    return list(iter_lines(path_or_dash, strict))
 
 
-def iter_lines(path_or_dash):
+def iter_lines(path_or_dash, strict=False):
     """`read_lines` one line at a time, so a long file or a pipe is read as it is translated.
 
     Splitting the bytes at `b"\\n"` before decoding is safe: that byte never occurs inside a
@@ -262,18 +265,24 @@ def iter_lines(path_or_dash):
 
     Args:
         path_or_dash: str or path-like, a file, or `"-"` for standard input.
+        strict: bool, as in `read_lines`. Defaults to `False`.
 
     Yields:
         str, each line without its terminator (nor the first line a UTF-8 byte order mark).
+
+    Raises:
+        ValueError: `strict`, on a line that is not UTF-8.
     """
     if str(path_or_dash) == "-":
-        yield from _decoded_lines(sys.stdin.buffer)
+        yield from _decoded_lines(sys.stdin.buffer, "<stdin>" if strict else None)
         return
     with open_binary(path_or_dash) as stream:
-        yield from _decoded_lines(stream)
+        yield from _decoded_lines(stream, os.fspath(path_or_dash) if strict else None)
 
 
-def _decoded_lines(stream):
+def _decoded_lines(stream, strict_name=None):
+    """Lines of a byte stream as str; with `strict_name` (the stream's name for messages),
+    bytes that are not UTF-8 raise `ValueError` instead of becoming U+FFFD."""
     for number, line in enumerate(stream):
         if number == 0 and line.startswith(UTF8_BOM):  # a Windows editor's byte order mark
             line = line[len(UTF8_BOM):]
@@ -281,7 +290,17 @@ def _decoded_lines(stream):
             line = line[:-1]
         if line.endswith(b"\r"):
             line = line[:-1]
-        yield line.decode("utf-8", errors="replace")
+        if strict_name is None:
+            yield line.decode("utf-8", errors="replace")
+            continue
+        try:
+            yield line.decode("utf-8")
+        except UnicodeDecodeError as error:
+            raise ValueError(
+                f"{strict_name}:{number + 1}: byte {error.start} "
+                f"({line[error.start:error.start + 1]!r}) is not UTF-8: the file is in another "
+                "encoding; convert it first (e.g. iconv -f latin1 -t utf-8)."
+            ) from None
 
 
 class ProgressBar:
