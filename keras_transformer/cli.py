@@ -565,6 +565,12 @@ def _translate_and_report(args, sources, references, target_lang=None):
     print(f"chrF:                      {scores['chrf']:.2f}")
     print(f"sacreBLEU signatures: BLEU {scores['bleu_signature']}\n"
           f"                      chrF {scores['chrf_signature']}")
+    changed = scores["references_changed_by_normalization"]
+    if changed:
+        print(f"{changed} of {len(references)} references hold characters the vocabulary "
+              "normalizes (NFKC: full-width punctuation, ligatures, ...), which the model "
+              "cannot write: the BLEU above is understated; against the normalized references "
+              f"it is {scores['bleu_normalized_references']:.2f}.")
     _report_cut_lines(args.export, scores["truncated_lines"], len(sources))
     if args.json:
         pathlib.Path(args.json).write_text(json.dumps(scores, indent=2))

@@ -361,8 +361,12 @@ def evaluate_translations(hypotheses, references, target_lang=None):
     exponential smoothing, chrF with character order 6 and beta 2), BLEU tokenized as
     `target_lang` is written (`keras_transformer.languages.bleu_tokenizer`: `zh` for
     Chinese, characters for Japanese without MeCab, Thai, ...). References are used as
-    given: the exported translator's outputs are SentencePiece-normalized
-    (`keras_transformer.text.normalize`), which for ordinary text only collapses spaces.
+    given. The exported translator writes SentencePiece-normalized text
+    (`keras_transformer.text.normalize`, NFKC): for most text that only collapses spaces,
+    but full-width punctuation (Chinese, Japanese), ligatures or compatibility characters
+    in a reference are characters the model cannot write. Such references are counted
+    (`references_changed_by_normalization`, whitespace aside), and when there are any,
+    BLEU against the normalized references is given too (`bleu_normalized_references`).
 
     Args:
         hypotheses: list of str, one translation per sentence.
@@ -371,7 +375,9 @@ def evaluate_translations(hypotheses, references, target_lang=None):
 
     Returns:
         dict with `bleu`, `bleu_signature`, `bleu_lowercase`, `bleu_lowercase_signature`,
-        `chrf`, `chrf_signature` (scores in [0, 100]) and `sentences`.
+        `chrf`, `chrf_signature` (scores in [0, 100]), `sentences`,
+        `references_changed_by_normalization` and, when that is not 0,
+        `bleu_normalized_references`.
 
     Raises:
         ValueError: when the lists differ in length or are empty.
@@ -399,6 +405,14 @@ def evaluate_translations(hypotheses, references, target_lang=None):
         result[name] = float(metric.corpus_score(hypotheses, [references]).score)
         result[f"{name}_signature"] = str(metric.get_signature())
     result["sentences"] = len(hypotheses)
+    from keras_transformer.text.normalization import normalize
+
+    normalized = normalize(references)
+    result["references_changed_by_normalization"] = sum(
+        n.split() != r.split() for n, r in zip(normalized, references))
+    if result["references_changed_by_normalization"]:
+        result["bleu_normalized_references"] = float(
+            metrics["bleu"].corpus_score(hypotheses, [normalized]).score)
     return result
 
 

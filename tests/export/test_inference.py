@@ -191,3 +191,18 @@ def test_a_signature_that_does_not_translate_text_is_refused_by_name(tmp_path):
     for name in ("translate_seeded", "metadata"):
         with pytest.raises(ValueError, match=rf"'{name}' .*text.*translate"):
             ExportedTranslator(tmp_path, name)
+
+
+def test_references_the_vocabulary_normalizes_are_counted_and_scored_both_ways():
+    # The model writes SentencePiece-normalized (NFKC) text: Chinese full-width punctuation
+    # comes out as ASCII, and BLEU against the references as given fell with no word why.
+    references = ["一只狗在草地上奔跑，很快！", "两个男人在说话。"]
+    hypotheses = ["一只狗在草地上奔跑,很快!", "两个男人在说话。"]  # what the model can write
+    result = evaluate_translations(hypotheses, references, target_lang="zh")
+    assert result["references_changed_by_normalization"] == 1
+    assert result["bleu_normalized_references"] == pytest.approx(100.0)
+    assert result["bleu"] < 100.0
+    # Text the vocabulary leaves alone (whitespace aside) has nothing to report.
+    plain = evaluate_translations(REFERENCES, [r + "  " for r in REFERENCES])
+    assert plain["references_changed_by_normalization"] == 0
+    assert "bleu_normalized_references" not in plain
