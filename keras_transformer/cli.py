@@ -496,6 +496,12 @@ def _evaluation_pairs(args, metadata):
     if args.src or args.ref:
         if not (args.src and args.ref):
             raise SystemExit("--src and --ref go together.")
+        unused = [flag for flag, value in (
+            ("--split", args.split), ("--source-lang", args.source_lang),
+            ("--data-dir", args.data_dir), ("--tfds-dir", args.tfds_dir)) if value is not None]
+        if unused:
+            raise SystemExit(f"{', '.join(unused)} choose(s) a split of the export's data "
+                             "source, which --src/--ref replace: give one or the other.")
         from keras_transformer.languages import language_from_path
 
         from keras_transformer.export.inference import read_export_metadata
@@ -520,7 +526,7 @@ def _evaluation_pairs(args, metadata):
     spec["target_lang"] = args.target_lang or spec["target_lang"]
     source = open_source(**spec, local_dir=args.data_dir, tfds_dir=args.tfds_dir)
     try:
-        split = source.resolve(args.split)
+        split = source.resolve(args.split or "test")
     except ValueError as error:
         raise SystemExit(str(error)) from error
     pairs = list(source.pairs(split, keep_all=True))
@@ -734,9 +740,9 @@ def build_parser():
 
     evaluate = sub.add_parser("evaluate", help="BLEU and chrF of an export")
     evaluate.add_argument("--export", required=True)
-    evaluate.add_argument("--split", default="test", help="a test set of the data source the "
-                          "export was trained on (e.g. test_2017_flickr, a --test NAME), "
-                          "validation, or test (its first test set)")
+    evaluate.add_argument("--split", help="a test set of the data source the export was "
+                          "trained on (e.g. test_2017_flickr, a --test NAME), validation, or "
+                          "test (its first test set; the default)")
     evaluate.add_argument("--src", help="source file (with --ref instead of --split)")
     evaluate.add_argument("--ref", help="reference file")
     evaluate.add_argument("--source-lang", help="default: the export's source language")

@@ -261,3 +261,14 @@ def test_evaluate_refuses_files_that_are_not_utf8(tmp_path):
     (tmp_path / "test.de").write_bytes("ein Haus\nein Hund läuft\n".encode("latin-1"))
     with pytest.raises(ValueError, match=r"test\.de:2.*UTF-8.*iconv"):
         _read_parallel(tmp_path / "test.fr", tmp_path / "test.de")
+
+
+def test_evaluate_refuses_split_options_with_its_own_files(tmp_path):
+    # With --src/--ref, --split, --source-lang, --data-dir and --tfds-dir were ignored
+    # (`evaluate --src a --ref b --split news` scored a and b).
+    f = _corpus(tmp_path)
+    base = ["evaluate", "--export", str(tmp_path / "export"), "--src", f("test.fr"),
+            "--ref", f("test.en")]
+    for extra in (["--split", "news"], ["--source-lang", "fr"], ["--data-dir", "x"],
+                  ["--tfds-dir", "x"]):
+        _refused(base + extra, extra[0], "--src/--ref")
