@@ -9,9 +9,10 @@ REST (default) needs only the Python standard library:
 It sends `POST <server>/v1/models/<model>:predict` with
 `{"signature_name": "translate", "instances": ["A dog runs.", ...]}` (the row format; the
 signature has one named string input, `text`, so each instance is the plain string) and reads
-`{"predictions": [{"translation": ..., "score": ..., "length": ..., "truncated": ...}, ...]}`
-(`truncated`: the source was cut to the model's `max_input_length`; the count and line
-numbers of such sentences are said on stderr at the end).
+`{"predictions": [{"translation": ..., "score": ..., "length": ..., "truncated": ...,
+"unfinished": ...}, ...]}` (`truncated`: the source was cut to the model's
+`max_input_length`; `unfinished`: the translation reached its length limit before its end;
+the count and line numbers of such sentences are said on stderr at the end).
 
 gRPC (`--grpc`, port 8500) needs `pip install tensorflow-serving-api` (which brings
 `tensorflow` and `grpcio`); it sends a `PredictRequest` with the `text` input as a string
@@ -20,7 +21,7 @@ tensor.
 Sentences come from the arguments, or one per line from standard input when none is given.
 Requests carry length-sorted batches (`translate_all`), so the server pads little; each
 translation is printed on its own line, in input order (with `--json`, one JSON object per
-line with `translation`, `score`, `length` and `truncated`). A request the server cannot take
+line with `translation`, `score`, `length`, `truncated` and `unfinished`). A request the server cannot take
 now (its batching queue full: UNAVAILABLE, HTTP 503; RESOURCE_EXHAUSTED, HTTP 429; or no
 connection, a server restarting) is sent again after 0.5 s, 1 s, 2 s, ... up to `--retries`
 times (3 by default), each retry said on stderr; one of more sentences than the server's
@@ -85,8 +86,8 @@ def predict_rest(sentences, server=DEFAULT_REST_SERVER, model=DEFAULT_MODEL,
     """Translates `sentences` (list of str) through TF Serving's REST `:predict` API.
 
     Returns:
-        list of dicts `{"translation": str, "score": float, "length": int, "truncated": bool}`,
-        one per sentence.
+        list of dicts `{"translation": str, "score": float, "length": int, "truncated": bool,
+        "unfinished": bool}`, one per sentence.
 
     Raises:
         ServerError: on an HTTP error (with the server's `error` message) or no connection.
@@ -124,6 +125,7 @@ def predict_rest(sentences, server=DEFAULT_REST_SERVER, model=DEFAULT_MODEL,
             "score": float(prediction.get("score", float("nan"))),
             "length": int(prediction.get("length", -1)),
             "truncated": bool(prediction.get("truncated", False)),
+            "unfinished": bool(prediction.get("unfinished", False)),
         })
     return results
 
@@ -159,13 +161,15 @@ def predict_grpc(sentences, server=DEFAULT_GRPC_SERVER, model=DEFAULT_MODEL,
             raise ServerError(f"{server} answered {error.code()}: {error.details()}",
                               retryable=error.code().name in RETRYABLE_GRPC_CODES) from error
     outputs = {name: tf.make_ndarray(response.outputs[name]).tolist() for name in OUTPUT_NAMES}
-    # Exports from before the flag have no `truncated` output.
-    truncated = (tf.make_ndarray(response.outputs["truncated"]).tolist()
-                 if "truncated" in response.outputs else [False] * len(sentences))
+    # Exports from before the flags have no `truncated` or `unfinished` output.
+    flags = {name: (tf.make_ndarray(response.outputs[name]).tolist()
+                    if name in response.outputs else [False] * len(sentences))
+             for name in ("truncated", "unfinished")}
     return [
         {"translation": t.decode("utf-8", errors="replace"), "score": float(s), "length": int(n),
-         "truncated": bool(c)}
-        for t, s, n, c in zip(*(outputs[name] for name in OUTPUT_NAMES), truncated)
+         "truncated": bool(c), "unfinished": bool(u)}
+        for t, s, n, c, u in zip(*(outputs[name] for name in OUTPUT_NAMES), flags["truncated"],
+                                 flags["unfinished"])
     ]
 
 
@@ -286,7 +290,7 @@ def _parse_args(argv):
                              "(default %(default)s)")
     parser.add_argument("--json", action="store_true",
                         help="print one JSON object per line with translation, score, length, "
-                        "truncated")
+                        "truncated, unfinished")
     return parser.parse_args(argv)
 
 
@@ -301,7 +305,7 @@ def main(argv=None):
     sys.stdout.reconfigure(encoding="utf-8")
     predict = predict_grpc if args.grpc else predict_rest
     server = args.server or (DEFAULT_GRPC_SERVER if args.grpc else DEFAULT_REST_SERVER)
-    lines, cut = 0, []
+    lines, cut, unfinished = 0, [], []
     try:
         for result in translate_all(sentences, predict, batch_size=args.batch_size,
                                     retries=args.retries, server=server, model=args.model,
@@ -309,6 +313,8 @@ def main(argv=None):
             lines += 1
             if result.get("truncated"):
                 cut.append(lines)
+            if result.get("unfinished"):
+                unfinished.append(lines)
             if args.json:
                 print(json.dumps(result, ensure_ascii=False))
             else:
@@ -317,10 +323,13 @@ def main(argv=None):
     except ServerError as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
-    if cut:
-        shown = ", ".join(map(str, cut[:20])) + (", ..." if len(cut) > 20 else "")
-        print(f"{len(cut)} of {lines} sentences were longer than the model's max_input_length "
-              f"and were cut before translating: {shown}.", file=sys.stderr)
+    for numbers, what in ((cut, "sentences were longer than the model's max_input_length and "
+                                "were cut before translating"),
+                          (unfinished, "translations reached the model's output length limit "
+                                       "before their end and are cut short")):
+        if numbers:
+            shown = ", ".join(map(str, numbers[:20])) + (", ..." if len(numbers) > 20 else "")
+            print(f"{len(numbers)} of {lines} {what}: {shown}.", file=sys.stderr)
     return 0
 
 

@@ -428,7 +428,7 @@ def cmd_translate(args):
         out = sys.stdout
         if hasattr(out, "reconfigure"):
             out.reconfigure(encoding="utf-8")  # a C locale would fail on the first umlaut
-    lines, cut = 0, []
+    lines, cut, unfinished = 0, [], []
     try:
         # Batches are sorted by length within a read-ahead buffer; lines come out in input
         # order as each buffer finishes.
@@ -438,6 +438,8 @@ def cmd_translate(args):
             lines += 1
             if result["truncated"]:
                 cut.append(lines)
+            if result["unfinished"]:
+                unfinished.append(lines)
             out.write(result["translation"] + "\n")
             out.flush()
     finally:
@@ -445,21 +447,34 @@ def cmd_translate(args):
             progress.close()
         if args.output:
             out.close()
-    _report_cut_lines(args.export, cut, lines)
+    _report_cut_lines(args.export, cut, lines, unfinished)
 
 
-def _report_cut_lines(export, cut, lines):
-    """Says on stderr which input lines (1-based numbers `cut`, of `lines`) were cut."""
-    if not cut:
+def _report_cut_lines(export, cut, lines, unfinished=()):
+    """Says on stderr which input lines (1-based numbers, of `lines`) were cut (`cut`) and
+    which translations reached their length limit before their end (`unfinished`)."""
+    if not (cut or unfinished):
         return
     from keras_transformer.export.inference import read_export_metadata
 
-    shown = ", ".join(map(str, cut[:20])) + (", ..." if len(cut) > 20 else "")
-    limit = read_export_metadata(export).get("decoding", {}).get("max_input_length")
-    print(f"{len(cut)} of {lines} lines were longer than the export's max_input_length "
-          f"({limit or 'its'} tokens) and were cut before translating: lines {shown}. "
-          "Split them into sentences, or export with a larger --max-input-length.",
-          file=sys.stderr, flush=True)
+    def shown(numbers):
+        return ", ".join(map(str, numbers[:20])) + (", ..." if len(numbers) > 20 else "")
+
+    decoding = read_export_metadata(export).get("decoding", {})
+    if cut:
+        print(f"{len(cut)} of {lines} lines were longer than the export's max_input_length "
+              f"({decoding.get('max_input_length') or 'its'} tokens) and were cut before "
+              f"translating: lines {shown(cut)}. Split them into sentences, or export with a "
+              "larger --max-input-length.", file=sys.stderr, flush=True)
+    if unfinished:
+        limit = (f"min(source tokens + {decoding['extra_length']}, "
+                 f"{decoding['max_output_length']})"
+                 if {"extra_length", "max_output_length"} <= set(decoding) else "its")
+        print(f"{len(unfinished)} of {lines} translations reached the export's length limit "
+              f"({limit} tokens) before their end and are cut short: lines "
+              f"{shown(list(unfinished))}. Export with a larger --max-output-length or "
+              "--extra-length (or look for a translation that repeats itself).",
+              file=sys.stderr, flush=True)
 
 
 def _read_parallel(source_path, reference_path):
@@ -577,7 +592,8 @@ def _translate_and_report(args, sources, references, target_lang=None):
               "normalizes (NFKC: full-width punctuation, ligatures, ...), which the model "
               "cannot write: the BLEU above is understated; against the normalized references "
               f"it is {scores['bleu_normalized_references']:.2f}.")
-    _report_cut_lines(args.export, scores["truncated_lines"], len(sources))
+    _report_cut_lines(args.export, scores["truncated_lines"], len(sources),
+                      scores["unfinished_lines"])
     if args.json:
         pathlib.Path(args.json).write_text(json.dumps(scores, indent=2))
 

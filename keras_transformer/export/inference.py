@@ -21,7 +21,7 @@ from keras_transformer.textfiles import UTF8_BOM, count_lines, open_binary
 
 # The input of every exported signature and its outputs (see docs/CONTRACTS.md).
 INPUT_NAME = "text"
-OUTPUT_NAMES = ("translation", "score", "length", "truncated")
+OUTPUT_NAMES = ("translation", "score", "length", "truncated", "unfinished")
 # Where `export_translator` records the decoding settings.
 METADATA_PATH = pathlib.Path("assets.extra") / "translator.json"
 # Batches read ahead and sorted by length together (CTranslate2's `max_batch_size * 16`
@@ -125,7 +125,7 @@ class ExportedTranslator:
     >>> translator = ExportedTranslator("export")  # the highest version: export/1
     >>> results = translator.translate(["A dog runs."])
     >>> translator.version, sorted(results[0])
-    (1, ['length', 'score', 'translation', 'truncated'])
+    (1, ['length', 'score', 'translation', 'truncated', 'unfinished'])
     """
 
     def __init__(self, path, signature="translate"):
@@ -173,7 +173,8 @@ class ExportedTranslator:
         Returns:
             A list with one dict per sentence, in order: `{"translation": str, "score":
             float (log-probability of the translation), "truncated": bool (the source was
-            cut to the export's `max_input_length`), "length": int (target tokens, END
+            cut to the export's `max_input_length`), "unfinished": bool (the translation
+            reached its length limit before its end), "length": int (target tokens, END
             included)}`.
         """
         return list(self.translate_stream(sentences, batch_size, sort_buffer_batches, on_batch))
@@ -219,9 +220,9 @@ class ExportedTranslator:
         translations = outputs["translation"].numpy().tolist()
         scores = outputs["score"].numpy().tolist()
         lengths = outputs["length"].numpy().tolist()
-        # Exports from before the flag have no `truncated` output.
-        truncated = (outputs["truncated"].numpy().tolist() if "truncated" in outputs
-                     else [False] * len(batch))
+        # Exports from before the flags have no `truncated` or `unfinished` output.
+        flags = {name: (outputs[name].numpy().tolist() if name in outputs
+                        else [False] * len(batch)) for name in ("truncated", "unfinished")}
         return [
             {
                 # The detokenizer emits valid UTF-8; "replace" only guards the unexpected.
@@ -229,8 +230,10 @@ class ExportedTranslator:
                 "score": float(s),
                 "length": int(n),
                 "truncated": bool(c),
+                "unfinished": bool(u),
             }
-            for t, s, n, c in zip(translations, scores, lengths, truncated)
+            for t, s, n, c, u in zip(translations, scores, lengths, flags["truncated"],
+                                     flags["unfinished"])
         ]
 
     def __call__(self, sentences, batch_size=64):
@@ -438,7 +441,8 @@ def evaluate_export(path, sources, references, batch_size=64, signature="transla
         `sentences_per_second`, `batch_size`, `signature`, `model_path` (the version
         directory), `translations` (list of str, in order of `sources`) and
         `truncated_lines` (the 1-based numbers of the sources longer than the export's
-        `max_input_length`, cut before translating).
+        `max_input_length`, cut before translating) and `unfinished_lines` (those whose
+        translation reached its length limit before its end).
     """
     sources, references = list(sources), list(references)
     if len(sources) != len(references):
@@ -462,5 +466,6 @@ def evaluate_export(path, sources, references, batch_size=64, signature="transla
         model_path=str(translator.path),
         translations=translations,
         truncated_lines=[number for number, r in enumerate(results, 1) if r["truncated"]],
+        unfinished_lines=[number for number, r in enumerate(results, 1) if r["unfinished"]],
     )
     return result

@@ -255,9 +255,11 @@ class Translator(tf.Module):
 
     `translate(text)` takes a batch of raw sentences (`tf.string [None]`) and returns
     `{"translation": tf.string [None], "score": float32 [None], "length": int32 [None],
-    "truncated": bool [None]}`: the translation, its log-probability under the model, its
-    length in target tokens (END included), and whether the source was longer than
-    `max_input_length` tokens (END included) and cut to them. Tokenization, the encoder (run
+    "truncated": bool [None], "unfinished": bool [None]}`: the translation, its
+    log-probability under the model, its length in target tokens (END included), whether
+    the source was longer than `max_input_length` tokens (END included) and cut to them, and
+    whether the translation reached its length limit (`min(source tokens + extra_length,
+    max_output_length)`) before END, so that its end is missing. Tokenization, the encoder (run
     once), the cached decoder steps and the search all run inside one `tf.function`, so the
     SavedModel needs no Python and no project import; the tokenizer `.model` files travel as
     SavedModel assets.
@@ -314,7 +316,7 @@ class Translator(tf.Module):
     ...                         DecodingConfig(beam_size=4, max_output_length=8))
     >>> outputs = translator.translate(tf.constant(["A dog runs.", "Two dogs."]))
     >>> sorted(outputs), outputs["translation"].shape
-    (['length', 'score', 'translation', 'truncated'], TensorShape([2]))
+    (['length', 'score', 'translation', 'truncated', 'unfinished'], TensorShape([2]))
     """
 
     def __init__(self, model, source_tokenizer, target_tokenizer, config=None, metadata=None):
@@ -417,11 +419,14 @@ class Translator(tf.Module):
         # A sentence without text (an empty or blank line: END alone) translates to
         # nothing, not to what the model makes of END alone.
         empty = source_lengths <= 1
+        # A translation whose last token is not END stopped at its length limit.
+        last = tf.gather(tokens, tf.maximum(lengths - 1, 0), axis=1, batch_dims=1)
         return {
             "translation": tf.where(empty, "", self.target_tokenizer.detokenize(tokens)),
             "score": tf.where(empty, tf.zeros_like(scores), scores),
             "length": tf.where(empty, tf.zeros_like(lengths), lengths),
             "truncated": truncated,
+            "unfinished": ~empty & (lengths > 0) & tf.not_equal(last, END_ID),
         }
 
     def _search(self, source_ids, batch_size, max_lengths, search, seeds=None, compiled=False):

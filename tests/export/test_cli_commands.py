@@ -269,7 +269,7 @@ def test_translate_writes_a_gz_output_compressed(tmp_path, monkeypatch):
 
         def translate_stream(self, lines, batch_size=32, on_batch=None):
             for line in lines:
-                yield {"translation": line.upper(), "truncated": False}
+                yield {"translation": line.upper(), "truncated": False, "unfinished": False}
 
     monkeypatch.setattr(inference, "ExportedTranslator", Upper)
     source = tmp_path / "in.en.gz"

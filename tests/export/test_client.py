@@ -76,7 +76,7 @@ def test_stub_speaks_the_tf_serving_formats(server):
 
     status, rows = post({"signature_name": "translate", "instances": ["ka lo"]})
     assert status == 200 and set(rows["predictions"][0]) == {"translation", "score", "length",
-                                                                "truncated"}
+                                                                "truncated", "unfinished"}
     status, columns = post({"signature_name": "translate", "inputs": {"text": ["ka lo"]}})
     assert status == 200
     assert columns["outputs"]["translation"] == [rows["predictions"][0]["translation"]]

@@ -83,8 +83,8 @@ def test_exported_translator_batches_and_matches_the_translator(exported, copy_t
     assert translator.metadata["decoding"]["beam_size"] == EXPORT_BEAM_SIZE
     sentences = copy_task.held_out[:7] + ["", "Grüße 🐕"]
     results = translator.translate(sentences, batch_size=2)  # 5 calls, the last one short
-    assert [set(r) for r in results] == [{"translation", "score", "length", "truncated"}] * len(
-        sentences)
+    assert [set(r) for r in results] == [
+        {"translation", "score", "length", "truncated", "unfinished"}] * len(sentences)
     in_process = copy_task.translator(search="beam", beam_size=EXPORT_BEAM_SIZE).translate(
         tf.constant(sentences))
     assert [r["translation"] for r in results] == [

@@ -26,6 +26,7 @@ OUTPUT_DTYPES = {
     "score": types_pb2.DT_FLOAT,
     "length": types_pb2.DT_INT32,
     "truncated": types_pb2.DT_BOOL,
+    "unfinished": types_pb2.DT_BOOL,
 }
 # A subprocess that may import only tensorflow and tensorflow_text: a meta-path hook makes
 # any import of this package fail, and the child reports what it imported.
@@ -218,7 +219,7 @@ def test_hostile_inputs_get_bounded_outputs(loaded, copy_task, signature):
     function = loaded.signatures[signature]
     empty = function(text=tf.constant([], tf.string))
     assert {k: v.shape.as_list() for k, v in empty.items()} == {
-        "translation": [0], "score": [0], "length": [0], "truncated": [0]}
+        "translation": [0], "score": [0], "length": [0], "truncated": [0], "unfinished": [0]}
     names = list(HOSTILE_INPUTS)
     outputs = function(text=tf.constant([HOSTILE_INPUTS[n] for n in names], tf.string))
     bound = min(DECODING["max_input_length"] + DECODING["extra_length"],
@@ -233,6 +234,13 @@ def test_hostile_inputs_get_bounded_outputs(loaded, copy_task, signature):
     assert outputs["truncated"].numpy().tolist() == [
         int(p) + 1 > DECODING["max_input_length"] for p in pieces]  # END counts
     assert outputs["truncated"].numpy()[names.index("very_long")]
+    # A translation flagged unfinished stopped at its own bound (no END before it).
+    bounds = [min(min(int(p) + 1, DECODING["max_input_length"]) + DECODING["extra_length"],
+                  DECODING["max_output_length"]) for p in pieces]
+    for name, unfinished, length, limit in zip(names, outputs["unfinished"].numpy(), lengths,
+                                                bounds):
+        assert not unfinished or length == limit, (name, length, limit)
+    assert not outputs["unfinished"].numpy()[blank].any()
     assert np.all(np.isfinite(outputs["score"].numpy()))
     for name, translation in zip(names, outputs["translation"].numpy().tolist()):
         translation.decode("utf-8")  # valid UTF-8 whatever came in

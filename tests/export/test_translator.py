@@ -105,6 +105,22 @@ def test_a_sentence_without_text_translates_to_nothing(copy_task, search):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("search", ["greedy", "beam"])
+def test_a_translation_cut_at_its_length_limit_is_flagged(copy_task, search):
+    # A translation that reached min(source tokens + extra_length, max_output_length)
+    # before END was cut mid-sentence, and nothing in the output said so.
+    source = copy_task.held_out[0]
+    whole = copy_task.translator(search=search, beam_size=3).translate(
+        tf.constant([source, ""], tf.string))
+    assert whole["unfinished"].numpy().tolist() == [False, False]
+    limit = int(whole["length"].numpy()[0]) - 1  # one token short of its END
+    short = copy_task.translator(search=search, beam_size=3, max_output_length=limit)
+    result = short.translate(tf.constant([source, ""], tf.string))
+    assert result["unfinished"].numpy().tolist() == [True, False]
+    assert result["length"].numpy()[0] == limit
+
+
+@pytest.mark.slow
 def test_a_source_cut_at_max_input_length_is_flagged(copy_task):
     # A source longer than max_input_length is cut to it; nothing in the output said so.
     translator = copy_task.translator(search="greedy", max_input_length=6)
