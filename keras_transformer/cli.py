@@ -37,8 +37,8 @@ def _minutes(text):
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not value >= 0:  # NaN too
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
+    if not 0 <= value < 1e6:  # NaN and infinity too
+        raise argparse.ArgumentTypeError(f"must be a number of minutes in [0, 1e6), got {text}")
     return value
 
 
@@ -441,7 +441,8 @@ def cmd_translate(args):
             if result["unfinished"]:
                 unfinished.append(lines)
             out.write(result["translation"] + "\n")
-            out.flush()
+            if not args.output or not args.output.endswith(".gz"):
+                out.flush()  # (a gzip stream would compress each line on its own)
     finally:
         if progress:
             progress.close()

@@ -368,8 +368,8 @@ def evaluate_translations(hypotheses, references, target_lang=None):
     (`keras_transformer.text.normalize`, NFKC): for most text that only collapses spaces,
     but full-width punctuation (Chinese, Japanese), ligatures or compatibility characters
     in a reference are characters the model cannot write. Such references are counted
-    (`references_changed_by_normalization`, whitespace aside), and when there are any,
-    BLEU against the normalized references is given too (`bleu_normalized_references`).
+    (`references_changed_by_normalization`, whitespace aside), and BLEU against the
+    normalized references is given too (`bleu_normalized_references`).
 
     Args:
         hypotheses: list of str, one translation per sentence.
@@ -379,8 +379,8 @@ def evaluate_translations(hypotheses, references, target_lang=None):
     Returns:
         dict with `bleu`, `bleu_signature`, `bleu_lowercase`, `bleu_lowercase_signature`,
         `chrf`, `chrf_signature` (scores in [0, 100]), `sentences`,
-        `references_changed_by_normalization` and, when that is not 0,
-        `bleu_normalized_references`.
+        `references_changed_by_normalization` and `bleu_normalized_references` (`bleu`
+        when no reference changed).
 
     Raises:
         ValueError: when the lists differ in length or are empty.
@@ -413,9 +413,9 @@ def evaluate_translations(hypotheses, references, target_lang=None):
     normalized = normalize(references)
     result["references_changed_by_normalization"] = sum(
         n.split() != r.split() for n, r in zip(normalized, references))
-    if result["references_changed_by_normalization"]:
-        result["bleu_normalized_references"] = float(
-            metrics["bleu"].corpus_score(hypotheses, [normalized]).score)
+    result["bleu_normalized_references"] = (float(
+        metrics["bleu"].corpus_score(hypotheses, [normalized]).score)
+        if result["references_changed_by_normalization"] else result["bleu"])
     return result
 
 

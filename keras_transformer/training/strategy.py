@@ -283,10 +283,21 @@ def gather_from_workers(strategy, values):
 CLUSTER_TIMEOUT_MINUTES = 30.0
 
 
+def check_cluster_timeout(minutes):
+    """Refuses a cluster timeout that is not a finite number of minutes >= 0 (or None)."""
+    if minutes is None:
+        return
+    if isinstance(minutes, bool) or not isinstance(minutes, (int, float)) or not (
+            0 <= minutes < 1e6):
+        raise ValueError(f"`cluster_timeout_minutes` must be a number of minutes in [0, 1e6) "
+                         f"(0 or None: no limit), got {minutes!r}.")
+
+
 def _start_watchdog(seconds):
     """`faulthandler`'s exit after `seconds` (stack traces to the process' standard error);
     whether it started: it needs a stream with a file descriptor, which a notebook's
-    `sys.stderr` may not have."""
+    `sys.stderr` may not have. The watchdog is the process' only one: it replaces any other
+    `faulthandler.dump_traceback_later` timer."""
     import faulthandler
 
     for stream in (sys.stderr, sys.__stderr__):
@@ -308,17 +319,21 @@ def _wait_for_the_cluster(create, timeout_minutes=CLUSTER_TIMEOUT_MINUTES):
 
     TensorFlow's wait for the other workers holds the interpreter: no Python code runs
     until they connect, so neither a `KeyboardInterrupt` nor a Python timer can end it.
-    During the wait Ctrl-C (SIGINT) therefore takes the system's default action
-    (the process ends at once: nothing has been written yet), and the timeout is
-    `faulthandler`'s watchdog thread, which runs without the interpreter: it prints where
-    the worker waited and exits with status 1. A worker whose peers never come (a wrong
-    address in `TF_CONFIG`, a machine that did not start) stops instead of waiting for ever.
+    During the wait Ctrl-C (SIGINT) therefore takes the system's default action (the
+    process ends at once: nothing has been written yet) where it would have raised
+    `KeyboardInterrupt` (a SIGINT that is ignored, as under `nohup`, or handled by other
+    code stays so), and the timeout is `faulthandler`'s watchdog thread, which runs without
+    the interpreter: it prints where the worker waited and exits with status 1. A worker
+    whose peers never come (a wrong address in `TF_CONFIG`, a machine that did not start)
+    stops instead of waiting for ever. The watchdog is process-wide: it replaces, then
+    cancels, any other `faulthandler.dump_traceback_later` timer.
 
     TensorFlow's multi-worker runtime also installs a SIGTERM handler that ignores the
     signal (for its preemption notices): a worker went on training after a cluster
     manager's pod termination or `launch` stopped it, until SIGKILL. Once connected,
-    SIGTERM terminates again and Ctrl-C raises `KeyboardInterrupt` as usual.
+    SIGTERM terminates again and SIGINT has its handler from before the wait.
     """
+    check_cluster_timeout(timeout_minutes)
     workers = json.loads(os.environ.get("TF_CONFIG") or "{}").get("cluster", {})
     addresses = ", ".join(a for kind in ("chief", "worker") for a in workers.get(kind, []))
     limit = (f"gives up after {timeout_minutes:g} minute(s)" if timeout_minutes
@@ -327,18 +342,20 @@ def _wait_for_the_cluster(create, timeout_minutes=CLUSTER_TIMEOUT_MINUTES):
           f"`train` runs on every one of them (Ctrl-C stops it; it {limit}).",
           file=sys.stderr, flush=True)
     main = threading.current_thread() is threading.main_thread()
-    if main:
-        signal.signal(signal.SIGINT, signal.SIG_DFL)
-    watched = bool(timeout_minutes) and _start_watchdog(timeout_minutes * 60)
+    interrupt = signal.getsignal(signal.SIGINT) if main else None
+    watched = False
     try:
+        watched = bool(timeout_minutes) and _start_watchdog(timeout_minutes * 60)
+        if interrupt is signal.default_int_handler:
+            signal.signal(signal.SIGINT, signal.SIG_DFL)
         strategy = create()
     finally:
         if watched:
             import faulthandler
 
             faulthandler.cancel_dump_traceback_later()
-        if main:
-            signal.signal(signal.SIGINT, signal.default_int_handler)
+        if main and interrupt is not None:
+            signal.signal(signal.SIGINT, interrupt)
     if main:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
     return strategy
@@ -456,6 +473,7 @@ def select_strategy(name="auto", devices=None,
         raise ValueError(
             f"Unknown strategy name {name!r}. Valid names: {', '.join(STRATEGY_NAMES)}."
         )
+    check_cluster_timeout(cluster_timeout_minutes)
     if devices is not None and name != "mirrored":
         raise ValueError(f"`devices` is only used by 'mirrored'. Received: name={name!r}")
     if name in ("auto", "multi_worker"):

@@ -155,8 +155,9 @@ def test_saved_model_cli_show_reads_the_signatures(exported):
         assert f"signature_def['{name}']" in out
     assert "inputs['text'] tensor_info:" in out
     assert re.search(r"outputs\['length'\] tensor_info:\s+dtype: DT_INT32\s+shape: \(-1\)", out)
-    assert re.search(r"outputs\['truncated'\] tensor_info:\s+dtype: DT_BOOL\s+shape: \(-1\)",
-                     out)
+    for flag in ("truncated", "unfinished"):
+        assert re.search(rf"outputs\['{flag}'\] tensor_info:\s+dtype: DT_BOOL\s+shape: \(-1\)",
+                         out)
     assert re.search(r"outputs\['score'\] tensor_info:\s+dtype: DT_FLOAT\s+shape: \(-1\)", out)
     assert re.search(r"outputs\['translation'\] tensor_info:\s+dtype: DT_STRING", out)
 
@@ -240,6 +241,9 @@ def test_hostile_inputs_get_bounded_outputs(loaded, copy_task, signature):
     for name, unfinished, length, limit in zip(names, outputs["unfinished"].numpy(), lengths,
                                                 bounds):
         assert not unfinished or length == limit, (name, length, limit)
+    # ... and one that reached its bound without END is flagged (the longest input's is).
+    assert outputs["unfinished"].numpy()[names.index("very_long")] == (
+        lengths[names.index("very_long")] == bounds[names.index("very_long")])
     assert not outputs["unfinished"].numpy()[blank].any()
     assert np.all(np.isfinite(outputs["score"].numpy()))
     for name, translation in zip(names, outputs["translation"].numpy().tolist()):

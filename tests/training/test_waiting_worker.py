@@ -106,6 +106,16 @@ def test_the_command_line_waits_as_long_as_the_library():
         CLUSTER_TIMEOUT_MINUTES
     assert parser.parse_args(["train", "--output", "r", "--cluster-timeout", "0"]
                              ).cluster_timeout == 0
-    for bad in ("-1", "nan", "soon"):
+    for bad in ("-1", "nan", "inf", "1e9", "soon"):
         with pytest.raises(SystemExit):
             parser.parse_args(["train", "--output", "r", "--cluster-timeout", bad])
+
+
+@pytest.mark.parametrize("minutes", [-1, float("inf"), float("nan"), "30"])
+def test_a_cluster_timeout_that_is_not_minutes_is_refused(minutes):
+    # An infinite timeout made faulthandler raise after SIGINT had been switched to its
+    # default action, which stayed so: Ctrl-C then killed a notebook's process.
+    from keras_transformer.training.strategy import select_strategy
+
+    with pytest.raises(ValueError, match="cluster_timeout_minutes"):
+        select_strategy("default", cluster_timeout_minutes=minutes)
