@@ -57,7 +57,9 @@ def test_parser_rejects_unknown_choices():
     with pytest.raises(SystemExit):
         parser.parse_args(["train", "--output", "x", "--strategy", "tpu"])
     args = parser.parse_args(["export", "--model", "r", "--out", "o"])
-    assert (args.search, args.beam_size, args.alpha) == ("beam", 4, 0.6)
+    # Beam flags not given stay None (DecodingConfig's defaults then: beam 4, alpha 0.6), so
+    # that export can refuse them with another search.
+    assert (args.search, args.beam_size, args.alpha) == ("beam", None, None)
 
 
 def test_config_overrides_are_typed(tmp_path):

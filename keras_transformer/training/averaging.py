@@ -37,6 +37,7 @@ def average_checkpoints(paths):
 
     Example:
 
+    >>> from keras_transformer.checkpoint_files import epoch_checkpoints
     >>> from keras_transformer.training.callbacks import EpochCheckpoints
     >>> model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
     >>> model.compile(optimizer="sgd", loss="mse")

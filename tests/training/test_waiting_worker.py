@@ -59,8 +59,11 @@ def _lone_worker(tmp_path, timeout_minutes=None):
     tf_config = json.dumps({"cluster": {"worker": [f"127.0.0.1:{p}" for p in free_ports(2)]},
                             "task": {"type": "worker", "index": 0}})
     log = tmp_path / "worker0.txt"
+    # Started as from a terminal: a shell's background job (`make test &`) ignores SIGINT,
+    # and its children would inherit that.
     process = subprocess.Popen([sys.executable, "-c", code], stdout=open(log, "w"),
-                               stderr=subprocess.STDOUT, env={**os.environ, "TF_CONFIG": tf_config})
+                               stderr=subprocess.STDOUT, env={**os.environ, "TF_CONFIG": tf_config},
+                               preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     return process, log
 
 
