@@ -1,5 +1,5 @@
 """Plain or gzip-compressed text files: opening them (bytes to read, text to write),
-counting their lines, and the digest of a file's bytes.
+decoding their lines strictly, counting them, and the digest of a file's bytes.
 
 A module of its own, without TensorFlow: training's readers (`keras_transformer.data`) and
 the translator of an export (`keras_transformer.export.inference`, which must not load
@@ -12,8 +12,8 @@ import os
 
 # A UTF-8 byte order mark, which some Windows editors write at the start of a file.
 UTF8_BOM = b"\xef\xbb\xbf"
-# Read size when counting lines.
-_COUNT_CHUNK = 1 << 20
+# Read size when counting lines or hashing a file.
+_READ_CHUNK = 1 << 20
 
 
 def file_digest(path):
@@ -21,9 +21,22 @@ def file_digest(path):
     content changed, whatever its times say (the data report, an average's record)."""
     digest = hashlib.blake2b(digest_size=16)
     with open(path, "rb") as f:
-        while block := f.read(1 << 20):
+        while block := f.read(_READ_CHUNK):
             digest.update(block)
     return digest.hexdigest()
+
+
+def decode_utf8(raw, where, error=ValueError):
+    """Decodes UTF-8 bytes; on bytes that are not UTF-8 raises `error` (a `ValueError`
+    class: training's readers pass `DataError`) naming `where` (file:line), the byte and how
+    to convert the file."""
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as bad:
+        raise error(
+            f"{where}: invalid UTF-8 (byte 0x{raw[bad.start]:02x} at offset {bad.start}). "
+            "Convert the file to UTF-8 (e.g. `iconv -f latin1 -t utf-8`)."
+        ) from bad
 
 
 def open_binary(path):
@@ -61,7 +74,7 @@ def count_lines(path):
     """
     lines, last = 0, b"\n"
     with open_binary(path) as f:
-        while chunk := f.read(_COUNT_CHUNK):
+        while chunk := f.read(_READ_CHUNK):
             lines += chunk.count(b"\n")
             last = chunk[-1:]
     return lines + (last != b"\n")

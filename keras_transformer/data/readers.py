@@ -31,6 +31,7 @@ import dataclasses
 import json
 import os
 
+from keras_transformer import textfiles
 from keras_transformer.textfiles import UTF8_BOM, count_lines, open_binary
 
 # Reasons a pair is dropped, in the order the report lists them.
@@ -120,14 +121,9 @@ def iter_lines(path, report=None):
 
 
 def decode_utf8(raw, where):
-    """Decodes UTF-8 bytes, raising `DataError` naming `where` (file:line) on bad bytes."""
-    try:
-        return raw.decode("utf-8")
-    except UnicodeDecodeError as error:
-        raise DataError(
-            f"{where}: invalid UTF-8 (byte 0x{raw[error.start]:02x} at offset {error.start}). "
-            "Convert the file to UTF-8 (e.g. `iconv -f latin1 -t utf-8`)."
-        ) from error
+    """Decodes UTF-8 bytes, raising `DataError` naming `where` (file:line) on bad bytes
+    (`textfiles.decode_utf8`)."""
+    return textfiles.decode_utf8(raw, where, DataError)
 
 
 def keep_pair(source, target, report):

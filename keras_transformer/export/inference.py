@@ -17,7 +17,7 @@ import tensorflow as tf
 import tensorflow_text  # noqa: F401  (registers the SentencePiece ops of the exported graph)
 
 from keras_transformer.export.saved_model import latest_version_dir
-from keras_transformer.textfiles import UTF8_BOM, count_lines, open_binary
+from keras_transformer.textfiles import UTF8_BOM, count_lines, decode_utf8, open_binary
 
 # The input of every exported signature and its outputs (see docs/CONTRACTS.md).
 INPUT_NAME = "text"
@@ -295,15 +295,8 @@ def _decoded_lines(stream, strict_name=None):
             line = line[:-1]
         if strict_name is None:
             yield line.decode("utf-8", errors="replace")
-            continue
-        try:
-            yield line.decode("utf-8")
-        except UnicodeDecodeError as error:
-            raise ValueError(
-                f"{strict_name}:{number + 1}: byte {error.start} "
-                f"({line[error.start:error.start + 1]!r}) is not UTF-8: the file is in another "
-                "encoding; convert it first (e.g. iconv -f latin1 -t utf-8)."
-            ) from None
+        else:
+            yield decode_utf8(line, f"{strict_name}:{number + 1}")
 
 
 class ProgressBar:
