@@ -140,14 +140,10 @@ def test_iter_lines_and_count_lines_agree_with_read_lines(tmp_path):
 def test_the_translator_loads_neither_the_data_package_nor_tensorflow_datasets():
     # It reads files with keras_transformer.textfiles; keras_transformer.data would load
     # TensorFlow Datasets (seconds, and memory) into every process that only translates.
-    import subprocess
+    from tests.module_loading import modules_loaded_by
 
-    code = ("import sys, keras_transformer.export.inference; "
-            "print(sorted(m for m in sys.modules if m == 'tensorflow_datasets' "
-            "or m.startswith('keras_transformer.data')))")
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                            check=True)
-    assert result.stdout.strip().splitlines()[-1] == "[]"
+    assert modules_loaded_by("keras_transformer.export.inference",
+                             ("tensorflow_datasets", "keras_transformer.data")) == "[]"
 
 
 def test_progress_bar_counts_to_the_total_and_ends_its_line():

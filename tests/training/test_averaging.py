@@ -189,15 +189,10 @@ def test_an_unreadable_record_says_to_average_again(run_dir, content):
 def test_reading_a_run_directory_loads_no_training_or_data_code():
     # `export` and `evaluate` read run directories (export/run.py); the averaged model's
     # check must not pull training's modules (and with them TensorFlow Datasets) in.
-    import subprocess
-    import sys
+    from tests.module_loading import modules_loaded_by
 
-    code = ("import sys, keras_transformer.export.run; "
-            "print(sorted(m for m in sys.modules if m == 'tensorflow_datasets' "
-            "or m.startswith(('keras_transformer.data', 'keras_transformer.training'))))")
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                            check=True)
-    assert result.stdout.strip().splitlines()[-1] == "[]"
+    assert modules_loaded_by("keras_transformer.export.run", (
+        "tensorflow_datasets", "keras_transformer.data", "keras_transformer.training")) == "[]"
 
 
 def test_average_to_another_file_does_not_point_export_at_the_run(run_dir, capsys):
