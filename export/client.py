@@ -21,12 +21,12 @@ tensor.
 Sentences come from the arguments, or one per line from standard input when none is given.
 Requests carry length-sorted batches (`translate_all`), so the server pads little; each
 translation is printed on its own line, in input order (with `--json`, one JSON object per
-line with `translation`, `score`, `length`, `truncated` and `unfinished`). A request the server cannot take
-now (its batching queue full: UNAVAILABLE, HTTP 503; RESOURCE_EXHAUSTED, HTTP 429; or no
-connection, a server restarting) is sent again after 0.5 s, 1 s, 2 s, ... up to `--retries`
-times (3 by default), each retry said on stderr; one of more sentences than the server's
-`max_batch_size` is sent again in requests of that size. Exit status 1 with the server's
-error message when a request fails for good.
+line with `translation`, `score`, `length`, `truncated` and `unfinished`). A request the
+server cannot take now (its batching queue full: UNAVAILABLE, HTTP 503; RESOURCE_EXHAUSTED,
+HTTP 429; or no connection, a server restarting) is sent again after 0.5 s, 1 s, 2 s, ...
+up to `--retries` times (3 by default), each retry said on stderr; one of more sentences
+than the server's `max_batch_size` is sent again in requests of that size. Exit status 1
+with the server's error message when a request fails for good.
 """
 
 import argparse

@@ -314,8 +314,8 @@ def _start_watchdog(seconds):
 def _wait_for_the_cluster(create, timeout_minutes=CLUSTER_TIMEOUT_MINUTES):
     """`create()` (a `MultiWorkerMirroredStrategy`, which waits until every worker of
     `TF_CONFIG` has connected), said first; Ctrl-C stops the wait, and after
-    `timeout_minutes` (None or 0: never) the worker gives up; then SIGTERM terminates the
-    process again.
+    `timeout_minutes` (None or 0: never; checked by `select_strategy`) the worker gives up;
+    then SIGTERM terminates the process again.
 
     TensorFlow's wait for the other workers holds the interpreter: no Python code runs
     until they connect, so neither a `KeyboardInterrupt` nor a Python timer can end it.
@@ -333,7 +333,6 @@ def _wait_for_the_cluster(create, timeout_minutes=CLUSTER_TIMEOUT_MINUTES):
     manager's pod termination or `launch` stopped it, until SIGKILL. Once connected,
     SIGTERM terminates again and SIGINT has its handler from before the wait.
     """
-    check_cluster_timeout(timeout_minutes)
     workers = json.loads(os.environ.get("TF_CONFIG") or "{}").get("cluster", {})
     addresses = ", ".join(a for kind in ("chief", "worker") for a in workers.get(kind, []))
     limit = (f"gives up after {timeout_minutes:g} minute(s)" if timeout_minutes
