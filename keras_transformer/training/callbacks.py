@@ -291,8 +291,11 @@ class DropoutSeeds(keras.callbacks.Callback):
     A seed generator's state is not among the weights a backup saves, and a process
     restarts it from its initial seed: a resumed run drew other dropout masks than an
     uninterrupted one, and ended with other weights. With the state a function of
-    `(seed, generator path, epoch)` every epoch draws the same masks however the run got
-    there (a resumed run resumes at an epoch's start).
+    `(seed, generator's position among the model's generators, epoch)` every epoch draws the
+    same masks however the run got there (a resumed run resumes at an epoch's start). The
+    position, not the variable's path: Keras numbers generators process-wide
+    (`seed_generator_9` once another model was built), so a path-keyed seed changed with
+    every model built before in the same process (a notebook kernel).
     """
 
     def __init__(self, seed):
@@ -302,13 +305,13 @@ class DropoutSeeds(keras.callbacks.Callback):
     def on_epoch_begin(self, epoch, logs=None):
         import hashlib
 
-        for variable in self.model.variables:
-            if variable.name != "seed_generator_state":
-                continue
+        generators = [variable for variable in self.model.variables
+                      if variable.name == "seed_generator_state"]
+        for position, variable in enumerate(generators):
             # One seed per (run, generator, epoch), the counter from 0: Keras reduces seeds
             # modulo 2**31 - 2, so an epoch in the counter's high bits (epoch << 32) shifted
             # each epoch's masks by 4 steps only, repeating them epoch after epoch.
-            key = f"{self.seed}/{variable.path}/{epoch}".encode()
+            key = f"{self.seed}/{position}/{epoch}".encode()
             seed = int(hashlib.blake2b(key, digest_size=8).hexdigest(), 16) % (2**31 - 2)
             variable.assign(np.array([seed, 0], dtype=variable.dtype))
 

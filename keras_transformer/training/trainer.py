@@ -637,9 +637,15 @@ def train(
         strategy = select_strategy(strategy, cluster_timeout_minutes=cluster_timeout_minutes)
     output_dir = pathlib.Path(output_dir)
     write_dir = worker_write_dir(output_dir, strategy)
-    with hold_run_directory(write_dir):
-        return _train(config, output_dir, write_dir, strategy, data_dir, local_dir,
-                      make_translate_fn, report_padding, verbose, callbacks)
+    # The run sets Keras' global dtype policy to its precision while it builds its model; the
+    # caller's (a notebook's next model) is restored however the run ends.
+    caller_policy = keras.config.dtype_policy()
+    try:
+        with hold_run_directory(write_dir):
+            return _train(config, output_dir, write_dir, strategy, data_dir, local_dir,
+                          make_translate_fn, report_padding, verbose, callbacks)
+    finally:
+        keras.config.set_dtype_policy(caller_policy)
 
 
 def _train(config, output_dir, write_dir, strategy, data_dir, local_dir, make_translate_fn,
@@ -700,8 +706,7 @@ def _train(config, output_dir, write_dir, strategy, data_dir, local_dir, make_tr
         precision = resolve_precision(config.precision)
         if config.precision == "auto" and chief:
             print(f"precision 'auto': {precision or 'float32'} on this machine", flush=True)
-        if precision:
-            keras.config.set_dtype_policy(precision)
+        keras.config.set_dtype_policy(precision or "float32")
         replicas = strategy.num_replicas_in_sync
         if chief:
             # Atomically: other workers may read it (a shared filesystem) at this moment.

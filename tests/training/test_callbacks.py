@@ -591,3 +591,30 @@ def test_dropout_seeds_draw_new_masks_every_epoch():
     assert first == again  # an epoch's masks are a function of the seed and the epoch
     second = masks(1, 8)
     assert not set(second) & set(first), "epoch 1 repeats masks of epoch 0"
+
+
+def test_dropout_seeds_do_not_depend_on_models_built_before():
+    # Keras numbers seed generators process-wide (`seed_generator`, then `seed_generator_9`
+    # in the next model): seeds keyed on the variable's path gave a second run in the same
+    # notebook kernel, or a run resumed there, other dropout masks than a fresh process.
+    from keras_transformer.training.callbacks import DropoutSeeds
+
+    def build():
+        inputs = keras.Input((64,))
+        first = keras.layers.Dropout(0.5, seed=3)(inputs)
+        second = keras.layers.Dropout(0.5, seed=3)(inputs)
+        return keras.Model(inputs, [first, second])
+
+    ones = np.ones((1, 64), "float32")
+
+    def masks(model):
+        seeds = DropoutSeeds(1234)
+        seeds.set_model(model)
+        seeds.on_epoch_begin(2)
+        return [tuple(np.asarray(output)[0] > 0) for output in model(ones, training=True)]
+
+    one, other = build(), build()
+    assert ([v.path for v in one.variables] != [v.path for v in other.variables])
+    first = masks(one)
+    assert first == masks(other)
+    assert first[0] != first[1], "two dropouts of one model draw the same masks"

@@ -1,0 +1,45 @@
+"""Runs started from Python, several in one process (a notebook kernel): each must train as
+it would in a fresh process and leave Keras' global state as it found it."""
+
+import keras
+import numpy as np
+import pytest
+
+from keras_transformer.training import get_preset
+from keras_transformer.training.trainer import train
+
+WORDS = "ka lo mi nu pe ra si tu vo xe bal dor fen gim".split()
+
+
+@pytest.fixture
+def config(tmp_path):
+    pairs = [f"{a} {b}\t{b} {a}" for a in WORDS for b in WORDS[:6]]
+    (tmp_path / "train.tsv").write_text("\n".join(pairs) + "\n")
+    return get_preset("tiny").replace(
+        data="tsv", data_files={"train": str(tmp_path / "train.tsv")}, source_lang="fr",
+        target_lang="en", vocab_size=290, d_model=16, num_heads=2, ff_dim=32, num_layers=1,
+        max_length=16, epochs=1, bleu_sentences=0, dropout=0.1, precision=None)
+
+
+def _train(config, directory):
+    return train(config, directory, report_padding=False, verbose=0)
+
+
+def test_a_second_run_in_the_same_process_trains_the_same_weights(config, tmp_path):
+    # Dropout seeds were keyed on generator paths, which Keras numbers process-wide: any
+    # model built before in the kernel changed every dropout mask of the next run.
+    first = _train(config, tmp_path / "first")
+    keras.layers.Dropout(0.5)  # a user's own layer in between
+    second = _train(config, tmp_path / "second")
+    for a, b in zip(first.model.weights, second.model.weights, strict=True):
+        np.testing.assert_array_equal(a.numpy(), b.numpy(), err_msg=a.path)
+
+
+def test_a_run_leaves_the_global_dtype_policy_as_it_found_it(config, tmp_path):
+    _train(config.replace(precision="mixed_bfloat16"), tmp_path / "bf16")
+    assert keras.config.dtype_policy().name == "float32"
+    # A user's own global policy does not decide a run's: `precision=None` is float32.
+    keras.config.set_dtype_policy("mixed_bfloat16")
+    run = _train(config, tmp_path / "float32")
+    assert run.model.get_layer("encoder").compute_dtype == "float32"
+    assert keras.config.dtype_policy().name == "mixed_bfloat16"
