@@ -27,6 +27,7 @@ counting them is enough. CRLF and a BOM are encodings of the same text and are r
 Leading and trailing whitespace is removed from every sentence.
 """
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -83,8 +84,13 @@ def write_json_atomically(path, value, **dump_options):
     """`json.dump(value)` into `path + ".tmp"`, renamed over `path` once complete: a kill
     during the write leaves the previous file (or none), never half of one."""
     temporary = f"{os.fspath(path)}.tmp"
-    with open(temporary, "w", encoding="utf-8") as f:
-        json.dump(value, f, **dump_options)
+    try:
+        with open(temporary, "w", encoding="utf-8") as f:
+            json.dump(value, f, **dump_options)
+    except BaseException:  # a value JSON cannot write, a full disk: no stray file is left
+        with contextlib.suppress(OSError):
+            os.remove(temporary)
+        raise
     os.replace(temporary, path)
 
 

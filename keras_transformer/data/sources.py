@@ -51,6 +51,8 @@ TFDS_PREFIX = "tfds:"
 _CHUNK_PAIRS = 512
 # Other names of the validation split, in the order they are looked for.
 VALIDATION_NAMES = ("validation", "valid", "val", "dev")
+# Multi30K's direction when a config names no languages.
+MULTI30K_DIRECTION = ("en", "de")
 
 
 def _canonical_split(split, names):
@@ -221,8 +223,15 @@ class FileSource(ParallelSource):
             if len(paths) != 2:
                 raise ValueError(f"Split {name!r} needs a source and a target file, got {paths}.")
         if "train" in self.files:
-            source_lang = source_lang or language_from_path(self.files["train"][0])
-            target_lang = target_lang or language_from_path(self.files["train"][1])
+            named = [language_from_path(path) for path in self.files["train"]]
+            if source_lang and target_lang and named == [target_lang, source_lang]:
+                raise ValueError(
+                    f"The train files {self.files['train'][0]} ({named[0]}) and "
+                    f"{self.files['train'][1]} ({named[1]}) are named the other way round "
+                    f"from source_lang={source_lang!r}, target_lang={target_lang!r}: give the "
+                    "source file first.")
+            source_lang = source_lang or named[0]
+            target_lang = target_lang or named[1]
         if not (source_lang and target_lang):
             raise ValueError(
                 "Could not tell the languages from the file names; give source_lang and "
@@ -427,7 +436,8 @@ def open_source(data="multi30k", data_files=None, source_lang=None, target_lang=
     languages read from the supervised keys: `('pt', 'en')`.)
     """
     if data == "multi30k":
-        return Multi30kSource(source_lang or "en", target_lang or "de", local_dir=local_dir)
+        return Multi30kSource(source_lang or MULTI30K_DIRECTION[0],
+                              target_lang or MULTI30K_DIRECTION[1], local_dir=local_dir)
     if data.startswith(TFDS_PREFIX):
         return TfdsSource(data[len(TFDS_PREFIX):], source_lang, target_lang, data_dir=tfds_dir)
     if data in ("files", "tsv"):

@@ -2,6 +2,7 @@
 
 import dataclasses
 import json
+import math
 import numbers
 import os
 import types
@@ -143,10 +144,13 @@ class TrainingConfig:
         "'train' required, 'validation' optional, other names are test sets."
     )
     source_lang: str | None = _field(
-        "en", "Source language code (Multi30K: en, de, fr or cs; files: a suffix such as "
-        "train.fr; TFDS: a feature key, None = its supervised keys)."
+        None, "Source language code (Multi30K: en, de, fr or cs; files: a suffix such as "
+        "train.fr; TFDS: a feature key). None: Multi30K's en, the language the files' names "
+        "give (train.fr), a TFDS dataset's supervised keys; a TSV file needs it. A run "
+        "records the languages it trained on."
     )
-    target_lang: str | None = _field("de", "Target language code (see source_lang).")
+    target_lang: str | None = _field(
+        None, "Target language code (see source_lang; None: Multi30K's de).")
     tokenizer_sample_pairs: int = _field(
         200_000, "The vocabulary is trained on a uniform sample of at most this many training "
         "pairs (reservoir sampling in one pass), so its memory and time are bounded "
@@ -257,8 +261,17 @@ class TrainingConfig:
 
     def __post_init__(self):
         _check_types(self)
+        for field in dataclasses.fields(self):  # NumPy numbers as Python's (JSON writes them)
+            value = getattr(self, field.name)
+            if isinstance(value, numbers.Real) and not isinstance(value, bool):
+                object.__setattr__(self, field.name, int(value)
+                                   if isinstance(value, numbers.Integral) else float(value))
+        if self.data_files is not None:
+            object.__setattr__(self, "data_files", _normalized_data_files(self.data_files))
         if self.bucket_boundaries is not None:
-            object.__setattr__(self, "bucket_boundaries", tuple(self.bucket_boundaries))
+            object.__setattr__(self, "bucket_boundaries",
+                               tuple(int(edge) for edge in self.bucket_boundaries))
+        _check_ranges(self)
         if self.d_model % self.num_heads:
             raise ValueError(
                 f"`d_model` must be divisible by `num_heads`. Received: "
@@ -399,6 +412,75 @@ def _accepts(annotation, value):
         return isinstance(value, (tuple, list)) and all(
             _accepts(typing.get_args(annotation)[0], item) for item in value)
     return isinstance(value, origin)
+
+
+# Fields that must be at least 1 (None allowed where the field allows it) and those that
+# must be positive; the rest of the ranges are checked in `__post_init__`.
+_AT_LEAST_ONE = ("d_model", "num_heads", "ff_dim", "num_layers", "num_decoder_layers",
+                 "tokenizer_sample_pairs", "tokens_per_batch", "batch_size", "train_subset",
+                 "warmup_steps", "epochs", "steps_per_epoch", "beam_size",
+                 "bleu_every_n_epochs")
+_POSITIVE = ("lr_scale", "clipnorm", "global_clipnorm")
+# The 4 reserved ids (padding, START, END, unknown) and at least one piece of text.
+_MIN_VOCAB_SIZE = 5
+# START, one token, END.
+_MIN_MAX_LENGTH = 3
+
+
+def _check_ranges(config):
+    """Raises ValueError naming every field whose value is out of its range (a zero batch
+    or warm-up had trained with another value, or failed after the vocabulary was written)."""
+    wrong = [f"{name}={getattr(config, name)!r} (at least 1)" for name in _AT_LEAST_ONE
+             if getattr(config, name) is not None and getattr(config, name) < 1]
+    wrong += [f"{name}={getattr(config, name)!r} (above 0)" for name in _POSITIVE
+              if getattr(config, name) is not None and not getattr(config, name) > 0]
+    if config.vocab_size < _MIN_VOCAB_SIZE:
+        wrong.append(f"vocab_size={config.vocab_size} (at least {_MIN_VOCAB_SIZE}: 4 reserved "
+                     "ids and the text's pieces)")
+    if config.max_length < _MIN_MAX_LENGTH:
+        wrong.append(f"max_length={config.max_length} (at least {_MIN_MAX_LENGTH}: START, a "
+                     "token, END)")
+    for name in ("bleu_sentences", "late_dropout_after"):
+        if getattr(config, name) < 0:
+            wrong.append(f"{name}={getattr(config, name)} (at least 0)")
+    if not math.isfinite(config.length_penalty):
+        wrong.append(f"length_penalty={config.length_penalty} (a finite number)")
+    if wrong:
+        raise ValueError("TrainingConfig field(s) out of range: " + "; ".join(wrong) + ".")
+    if config.late_dropout is None and (config.late_dropout_after
+                                        or config.late_dropout_min_epochs):
+        raise ValueError(
+            "`late_dropout_after` and `late_dropout_min_epochs` apply to `late_dropout`, which "
+            f"is not set. Received: late_dropout_after={config.late_dropout_after}, "
+            f"late_dropout_min_epochs={config.late_dropout_min_epochs}")
+
+
+def _normalized_data_files(files):
+    """`data_files` as JSON holds it: split names to absolute path strings (a `[source,
+    target]` list, or one TSV path), so that a run's `config.json` compares equal to the
+    config that wrote it, and a run started from one directory resumes from another.
+    Tuples and path-likes are accepted; `~` is expanded. Two names of the validation split
+    (`validation`, `valid`, `val`, `dev`) are refused: one would silently replace the other.
+    """
+    from keras_transformer.data.sources import VALIDATION_NAMES
+
+    def absolute(path, split):
+        if not isinstance(path, (str, os.PathLike)):
+            raise ValueError(f"`data_files[{split!r}]` must hold file paths. Received: {path!r}")
+        return os.path.abspath(os.path.expanduser(os.fspath(path)))
+
+    normalized = {}
+    for split, paths in files.items():
+        if not isinstance(split, str):
+            raise ValueError(f"`data_files` keys must be split names. Received: {split!r}")
+        normalized[split] = ([absolute(path, split) for path in paths]
+                             if isinstance(paths, (list, tuple)) else absolute(paths, split))
+    validation = sorted(set(normalized) & ({"validation"} | set(VALIDATION_NAMES)))
+    if len(validation) > 1:
+        raise ValueError(
+            f"`data_files` names the validation split {len(validation)} times ({validation}): "
+            "give one of them (the other names are test sets).")
+    return normalized
 
 
 def _check_types(config):

@@ -106,10 +106,11 @@ def prepare_tokenizers(config, train_split, output_dir):
     except FileNotFoundError:
         pass
     started = time.time()
+    source_lang, target_lang = run_languages(config)
     tokenizers = train_tokenizers(
         train_split,
-        config.source_lang,
-        config.target_lang,
+        source_lang,
+        target_lang,
         vocab_size=config.vocab_size,
         shared=config.shared_vocabulary,
         output_dir=directory,
@@ -163,16 +164,34 @@ def compile_model(model, config, jit_compile="auto", total_steps=None):
     return model
 
 
+def run_languages(config):
+    """`(source_lang, target_lang)` of a config: its own, or Multi30K's en->de when it names
+    none. `train` records the languages its data source chose in the run's config; a config
+    of other data without them has to be opened first (`open_run_source`)."""
+    from keras_transformer.data.sources import MULTI30K_DIRECTION
+
+    if config.source_lang and config.target_lang:
+        return config.source_lang, config.target_lang
+    if config.data == "multi30k":
+        return (config.source_lang or MULTI30K_DIRECTION[0],
+                config.target_lang or MULTI30K_DIRECTION[1])
+    raise ValueError(
+        f"data={config.data!r} without source_lang/target_lang: the data source decides them "
+        "(open_run_source(config), then config.replace(source_lang=source.source_lang, "
+        "target_lang=source.target_lang)).")
+
+
 def _batching(config, replicas):
     """`make_translation_dataset`'s batching arguments of a run (train and validation)."""
+    source_lang, target_lang = run_languages(config)
     return dict(
         max_length=config.max_length,
         batch_size=config.batch_size or 64,
         tokens_per_batch=config.tokens_per_batch,
         bucket_boundaries=config.bucket_boundaries,
         batch_multiple=replicas,
-        source_lang=config.source_lang,
-        target_lang=config.target_lang,
+        source_lang=source_lang,
+        target_lang=target_lang,
     )
 
 
@@ -488,6 +507,7 @@ def segmentation_samplers(config, train_pairs, source_tokenizer, target_tokenize
     """
     if config.subword_nbest == 1:
         return None
+    source_lang, target_lang = run_languages(config)
     sources, targets = [], []
     for pair in train_pairs.as_numpy_iterator():
         if len(sources) == CACHE_MAX_PAIRS:
@@ -495,8 +515,8 @@ def segmentation_samplers(config, train_pairs, source_tokenizer, target_tokenize
                 f"subword_nbest={config.subword_nbest} keeps every training sentence's "
                 f"segmentations in memory, for at most {CACHE_MAX_PAIRS:,} pairs; this "
                 "training set has more. Use subword_nbest=1 or train_subset.")
-        sources.append(pair[config.source_lang])
-        targets.append(pair[config.target_lang])
+        sources.append(pair[source_lang])
+        targets.append(pair[target_lang])
     return tuple(
         SegmentationSampler(tokenizer, sentences, config.subword_nbest, config.subword_alpha,
                             log=None if log is None else

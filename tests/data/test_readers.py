@@ -101,3 +101,13 @@ def test_tsv_blank_lines_and_empty_sides_are_counted(tmp_path):
 def test_missing_file_is_named(tmp_path):
     with pytest.raises(DataError, match="nope.fr"):
         FileSource({"train": [tmp_path / "nope.fr", tmp_path / "nope.en"]}).check(["train"])
+
+
+def test_a_failed_atomic_json_write_leaves_no_file(tmp_path):
+    # A value JSON cannot write left `config.json.tmp` behind, and the run directory then
+    # refused every later start ("holds other files").
+    from keras_transformer.data.readers import write_json_atomically
+
+    with pytest.raises(TypeError):
+        write_json_atomically(tmp_path / "config.json", {"path": tmp_path})
+    assert list(tmp_path.iterdir()) == []

@@ -136,3 +136,20 @@ def test_tfds_source_languages_from_supervised_keys(mocked_ted):
         (t, s) for s, t in source.pairs("test", keep_all=True)]
     with pytest.raises(ValueError, match=r"language keys \['en', 'pt'\], not 'de'"):
         open_source("tfds:ted_hrlr_translate/pt_to_en", "en", "de", tfds_dir=mocked_ted)
+
+
+def test_a_config_of_files_takes_its_languages_from_the_names(toy_corpus):
+    # The config's languages defaulted to Multi30K's en->de: a Python run on train.fr /
+    # train.en trained, reported and exported as en->de (and scored BLEU for German).
+    from keras_transformer.data.preparation import open_run_source
+    from keras_transformer.training import get_preset
+
+    files = {"train": toy_corpus["files"]["train"]}
+    config = get_preset("tiny").replace(data="files", data_files=files)
+    source = open_run_source(config)
+    assert (source.source_lang, source.target_lang) == ("fr", "en")
+    assert open_run_source(get_preset("tiny"), check=False).source_lang == "en"  # Multi30K
+    swapped = config.replace(data_files={"train": files["train"][::-1]}, source_lang="fr",
+                             target_lang="en")
+    with pytest.raises(ValueError, match=r"named the other way round.*source file first"):
+        open_run_source(swapped, check=False)

@@ -2,6 +2,7 @@
 
 import dataclasses
 import json
+import os
 
 import pytest
 
@@ -98,3 +99,64 @@ def test_overrides_read_json_values_and_keep_other_text():
     assert get_preset("tiny").replace(**overrides).bucket_boundaries == (8, 16)
     with pytest.raises(ValueError, match="FIELD=VALUE, got 'epochs'"):
         parse_overrides(["epochs"])
+
+
+def test_data_files_are_kept_as_json_holds_them(tmp_path, monkeypatch):
+    # Tuples compared unequal to the run's lists (resuming refused, "changed" data_files);
+    # Path objects could not be written to config.json; relative paths broke the run from
+    # another working directory.
+    import pathlib
+
+    monkeypatch.chdir(tmp_path)
+    config = get_preset("tiny").replace(data="files", data_files={
+        "train": ("data/train.fr", pathlib.Path("data/train.en")),
+        "news": [tmp_path / "news.fr", "~/news.en"]})
+    assert config.data_files == {
+        "train": [str(tmp_path / "data/train.fr"), str(tmp_path / "data/train.en")],
+        "news": [str(tmp_path / "news.fr"), os.path.expanduser("~/news.en")]}
+    for suffix in (".json", ".yaml"):
+        config.to_file(tmp_path / f"config{suffix}")
+        assert TrainingConfig.from_file(tmp_path / f"config{suffix}") == config
+    tsv = get_preset("tiny").replace(data="tsv", data_files={"train": pathlib.Path("x.tsv")})
+    assert tsv.data_files == {"train": str(tmp_path / "x.tsv")}
+    with pytest.raises(ValueError, match=r"data_files\['train'\]. must hold file paths"):
+        get_preset("tiny").replace(data="tsv", data_files={"train": 3})
+
+
+def test_two_names_of_the_validation_split_are_refused():
+    # `sources` maps every alias to "validation": one of the two was silently dropped.
+    with pytest.raises(ValueError, match=r"validation split 2 times \(\['dev', 'validation'\]\)"):
+        get_preset("tiny").replace(data="tsv", data_files={
+            "train": "t.tsv", "validation": "v.tsv", "dev": "d.tsv"})
+
+
+def test_numpy_numbers_become_python_numbers():
+    import numpy as np
+
+    config = get_preset("tiny").replace(batch_size=np.int64(32), lr_scale=np.float32(0.5),
+                                        bucket_boundaries=[np.int64(8), 16])
+    assert type(config.batch_size) is int and type(config.lr_scale) is float
+    json.dumps(config.to_dict())
+
+
+@pytest.mark.parametrize("field, value", [
+    ("batch_size", 0), ("tokens_per_batch", 0), ("warmup_steps", 0), ("epochs", 0),
+    ("steps_per_epoch", 0), ("train_subset", 0), ("num_heads", 0), ("d_model", 0),
+    ("ff_dim", -1), ("num_layers", 0), ("num_decoder_layers", 0), ("beam_size", 0),
+    ("bleu_every_n_epochs", 0), ("tokenizer_sample_pairs", 0), ("vocab_size", 3),
+    ("max_length", 1), ("lr_scale", -1.0), ("global_clipnorm", -1.0), ("clipnorm", 0.0),
+    ("bleu_sentences", -1), ("length_penalty", float("nan")),
+])
+def test_values_out_of_range_are_refused_naming_the_field(field, value):
+    # batch_size=0 trained with 64, tokens_per_batch=0 with batches of one, warmup_steps=0
+    # failed after the vocabulary was written (and the run directory then refused the fix).
+    overrides = {field: value}
+    if field == "tokens_per_batch":
+        overrides["batch_size"] = None
+    with pytest.raises(ValueError, match=rf"out of range: {field}="):
+        get_preset("tiny").replace(**overrides)
+
+
+def test_late_dropout_settings_without_late_dropout_are_refused():
+    with pytest.raises(ValueError, match="apply to `late_dropout`, which is not set"):
+        get_preset("tiny").replace(late_dropout_after=5)
