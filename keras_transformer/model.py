@@ -1,14 +1,13 @@
 """`build_transformer`: the encoder-decoder Transformer as a Keras functional model."""
 
 import math
-import numbers
 
 import keras
 from keras import ops
 
 from keras_transformer.layers import Decoder, Encoder, PackedRows, PositionalEmbedding, masking
 from keras_transformer.layers.positional_embedding import sinusoidal_encoding
-from keras_transformer.layers.utils import sublayer_connection
+from keras_transformer.layers.utils import check_positive_int, sublayer_connection
 
 ENCODER_INPUT = "encoder_tokens"
 DECODER_INPUT = "decoder_tokens"
@@ -16,12 +15,7 @@ DECODER_INPUT = "decoder_tokens"
 
 def _check_positive(**values):
     """Refuses non-integers (NumPy's included) and values below 1; returns Python ints."""
-    checked = {}
-    for name, value in values.items():
-        if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value <= 0:
-            raise ValueError(f"`{name}` must be a positive integer, got {name}={value!r}.")
-        checked[name] = int(value)
-    return checked
+    return {name: check_positive_int(name, value) for name, value in values.items()}
 
 
 def build_transformer(

@@ -4,7 +4,12 @@ import keras
 
 from keras_transformer.layers.feed_forward import FeedForward
 from keras_transformer.layers.multi_head_attention import MultiHeadAttention
-from keras_transformer.layers.utils import clone_initializer, sublayer_connection
+from keras_transformer.layers.utils import (
+    check_positive_int,
+    check_rate,
+    clone_initializer,
+    sublayer_connection,
+)
 
 
 class BlockBase(keras.layers.Layer):
@@ -28,12 +33,11 @@ class BlockBase(keras.layers.Layer):
         **kwargs,
     ):
         super().__init__(**kwargs)
-        for name, value in (("num_heads", num_heads), ("ff_dim", ff_dim)):
-            if value is None or value <= 0:
-                raise ValueError(f"`{name}` must be a positive integer, got {name}={value}.")
-        for name, value in (("dropout", dropout), ("attention_dropout", attention_dropout)):
-            if value is not None and not 0.0 <= value < 1.0:
-                raise ValueError(f"`{name}` must be in [0, 1), got {name}={value}.")
+        num_heads = check_positive_int("num_heads", num_heads)
+        ff_dim = check_positive_int("ff_dim", ff_dim)
+        dropout = check_rate("dropout", dropout)
+        if attention_dropout is not None:
+            attention_dropout = check_rate("attention_dropout", attention_dropout)
         self.num_heads = num_heads
         self.ff_dim = ff_dim
         self.dropout = dropout

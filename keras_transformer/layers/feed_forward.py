@@ -2,7 +2,7 @@
 
 import keras
 
-from keras_transformer.layers.utils import clone_initializer
+from keras_transformer.layers.utils import check_positive_int, check_rate, clone_initializer
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
@@ -48,10 +48,8 @@ class FeedForward(keras.layers.Layer):
         **kwargs,
     ):
         super().__init__(**kwargs)
-        if ff_dim is None or ff_dim <= 0:
-            raise ValueError(f"`ff_dim` must be a positive integer, got ff_dim={ff_dim}.")
-        if not 0.0 <= dropout < 1.0:
-            raise ValueError(f"`dropout` must be in [0, 1), got dropout={dropout}.")
+        ff_dim = check_positive_int("ff_dim", ff_dim)
+        dropout = check_rate("dropout", dropout)
         self.ff_dim = ff_dim
         self.activation = keras.activations.get(activation)
         self.dropout = dropout

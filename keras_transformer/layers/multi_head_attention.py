@@ -6,7 +6,7 @@ import keras
 from keras import ops
 
 from keras_transformer.layers import masking
-from keras_transformer.layers.utils import clone_initializer
+from keras_transformer.layers.utils import check_positive_int, check_rate, clone_initializer
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
@@ -94,10 +94,10 @@ class MultiHeadAttention(keras.layers.Layer):
         **kwargs,
     ):
         super().__init__(**kwargs)
-        if num_heads <= 0:
-            raise ValueError(f"`num_heads` must be positive, got num_heads={num_heads}.")
-        if not 0.0 <= dropout < 1.0:
-            raise ValueError(f"`dropout` must be in [0, 1), got dropout={dropout}.")
+        num_heads = check_positive_int("num_heads", num_heads)
+        if key_dim is not None:  # 0 had meant "the default" silently
+            key_dim = check_positive_int("key_dim", key_dim)
+        dropout = check_rate("dropout", dropout)
         self.num_heads = num_heads
         self.key_dim = key_dim
         self.dropout = dropout

@@ -7,6 +7,7 @@ import keras
 from keras import ops
 
 from keras_transformer.layers.packing import PackedRows
+from keras_transformer.layers.utils import check_positive_int, check_rate
 
 # The base of the sinusoid wavelengths in the paper (section 3.5).
 SINUSOID_BASE = 10000.0
@@ -107,17 +108,15 @@ class PositionalEmbedding(keras.layers.Layer):
         **kwargs,
     ):
         super().__init__(**kwargs)
-        for name, value in (("vocab_size", vocab_size), ("d_model", d_model),
-                            ("max_length", max_length)):
-            if value is None or value <= 0:
-                raise ValueError(f"`{name}` must be a positive integer, got {name}={value}.")
+        vocab_size = check_positive_int("vocab_size", vocab_size)
+        d_model = check_positive_int("d_model", d_model)
+        max_length = check_positive_int("max_length", max_length)
         if not learned_positions and d_model % 2:
             raise ValueError(
                 "Sinusoidal positions need an even d_model (sin/cos pairs), got "
                 f"d_model={d_model}. Use an even d_model or learned_positions=True."
             )
-        if not 0.0 <= dropout < 1.0:
-            raise ValueError(f"`dropout` must be in [0, 1), got dropout={dropout}.")
+        dropout = check_rate("dropout", dropout)
         self.vocab_size = vocab_size
         self.d_model = d_model
         self.max_length = max_length
@@ -175,6 +174,9 @@ class PositionalEmbedding(keras.layers.Layer):
     def _check_token_ids(self, inputs, start_index):
         """Integer ids (floats would embed but mask nothing), within a learned position
         table where the length and start are known before running."""
+        if len(inputs.shape) != 2:  # the last axis is the length: other ranks got wrong positions
+            raise ValueError(
+                f"{self.name} expects token ids of shape (B, T), got shape {tuple(inputs.shape)}.")
         dtype = keras.backend.standardize_dtype(inputs.dtype)
         if "int" not in dtype:
             raise TypeError(

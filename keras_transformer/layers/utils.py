@@ -1,9 +1,28 @@
 """Small helpers shared by the layers."""
 
+import numbers
 import zlib
 
 # Derived seeds stay below 2**31, a valid seed for every backend's random ops.
 _SEED_MODULUS = 2**31
+
+
+def check_positive_int(name, value):
+    """Returns `value` as a Python int, or raises ValueError naming `name` unless it is an
+    integer (NumPy's included, not a bool) of at least 1: a float size had failed deep in a
+    Dense or a shape conversion, None or a string with a TypeError naming no argument."""
+    if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value <= 0:
+        raise ValueError(f"`{name}` must be a positive integer, got {name}={value!r}.")
+    return int(value)
+
+
+def check_rate(name, value):
+    """Returns a dropout rate as a Python float, or raises ValueError naming `name` unless it
+    is a number in [0, 1)."""
+    if (not isinstance(value, numbers.Real) or isinstance(value, bool)
+            or not 0.0 <= value < 1.0):
+        raise ValueError(f"`{name}` must be in [0, 1), got {name}={value!r}.")
+    return float(value)
 
 
 def derive_seed(seed, name):

@@ -9,6 +9,7 @@ from keras_transformer.layers import (
     Decoder,
     DecoderBlock,
     Encoder,
+    EncoderBlock,
     MultiHeadAttention,
     PositionalEmbedding,
 )
@@ -208,3 +209,38 @@ def test_a_cached_call_takes_an_attention_mask_over_the_whole_cache():
     hide_first[:, :, 0] = False
     other, _ = block(step, None, cache=cache, cache_index=1, attention_mask=hide_first)
     assert np.abs(np.asarray(other) - np.asarray(expected)).max() > 1e-4
+
+
+@pytest.mark.parametrize("make, name", [
+    (lambda v: MultiHeadAttention(num_heads=v), "num_heads"),
+    (lambda v: MultiHeadAttention(num_heads=2, key_dim=v), "key_dim"),
+    (lambda v: MultiHeadAttention(num_heads=2, dropout=v), "dropout"),
+    (lambda v: EncoderBlock(num_heads=v, ff_dim=32), "num_heads"),
+    (lambda v: EncoderBlock(num_heads=2, ff_dim=v), "ff_dim"),
+    (lambda v: EncoderBlock(num_heads=2, ff_dim=32, attention_dropout=v), "attention_dropout"),
+    (lambda v: Encoder(v, 2, 32), "num_layers"),
+    (lambda v: PositionalEmbedding(50, v), "d_model"),
+    (lambda v: PositionalEmbedding(v, 16), "vocab_size"),
+    (lambda v: PositionalEmbedding(50, 16, dropout=v), "dropout"),
+])
+@pytest.mark.parametrize("value", [2.5, "2", None, True, 0, -1],
+                         ids=["float", "str", "none", "bool", "zero", "negative"])
+def test_layer_arguments_of_the_wrong_type_are_refused_naming_them(make, name, value):
+    # Floats failed deep in a Dense ("units=16.0") or a shape conversion, None and strings
+    # with a TypeError naming nothing, and key_dim=0 silently meant the default.
+    valid = (name.endswith("dropout") and value == 0 and not isinstance(value, bool)) or (
+        name in ("attention_dropout", "key_dim") and value is None)  # None: the default
+    if valid:
+        make(value)
+        return
+    with pytest.raises(ValueError, match=f"`{name}` must be"):
+        make(value)
+
+
+def test_token_ids_must_be_a_batch_of_sequences():
+    # The length is the last axis: (B, T, 1) ids all got position 0, 1-D ids a (T,) mask.
+    embedding = PositionalEmbedding(50, 16)
+    for ids in (np.array([[[5], [6], [7]]]), np.array([5, 6, 7])):
+        with pytest.raises(ValueError, match=r"token ids of shape \(B, T\)"):
+            embedding(ids)
+    assert embedding(np.array([[5, 6, 7]])).shape == (1, 3, 16)
