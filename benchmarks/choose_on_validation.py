@@ -82,9 +82,11 @@ def main(argv=None):
             sources, references = _validation_pairs(config, args.limit)
         for form, alpha, rule in itertools.product(
                 forms, (float(a) for a in args.alphas.split(",")), rules):
-            translator = Translator(model, source_tokenizer, target_tokenizer, DecodingConfig(
-                search="beam" if args.beam_size > 1 else "greedy", beam_size=args.beam_size,
-                alpha=alpha, early_stopping=rule == "early", length_penalty_form=form))
+            beam = (dict(search="beam", beam_size=args.beam_size, alpha=alpha,
+                         early_stopping=rule == "early", length_penalty_form=form)
+                    if args.beam_size > 1 else dict(search="greedy"))  # greedy: no beam settings
+            translator = Translator(model, source_tokenizer, target_tokenizer,
+                                    DecodingConfig(**beam))
             started = time.time()
             hypotheses = translate_by_length(sources, args.batch_size, translator)
             bleu = sacrebleu.corpus_bleu(hypotheses, [references]).score

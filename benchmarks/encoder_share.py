@@ -54,10 +54,12 @@ def _functions(run, checkpoint, alpha):
     from keras_transformer.export.run import load_run
 
     model, source_tokenizer, target_tokenizer, _ = load_run(run, checkpoint)
-    translators = {search: Translator(model, source_tokenizer, target_tokenizer,
-                                      DecodingConfig.for_export(search=search, beam_size=4,
-                                                                alpha=alpha))
-                   for search in ("greedy", "beam")}
+    translators = {
+        "greedy": Translator(model, source_tokenizer, target_tokenizer,
+                             DecodingConfig.for_export(search="greedy")),
+        "beam": Translator(model, source_tokenizer, target_tokenizer,
+                           DecodingConfig.for_export(search="beam", beam_size=4, alpha=alpha)),
+    }
     translator = translators["greedy"]
     parts, max_input = translator._parts, translator.config.max_input_length
     spec = [tf.TensorSpec([None], tf.string)]

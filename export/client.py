@@ -93,19 +93,22 @@ def predict_rest(sentences, server=DEFAULT_REST_SERVER, model=DEFAULT_MODEL,
         ServerError: on an HTTP error (with the server's `error` message) or no connection.
     """
     url = f"{_rest_base(server)}/v1/models/{model}:predict"
-    body = json.dumps({"signature_name": signature, "instances": list(sentences)}).encode()
+    sentences = list(sentences)
+    body = json.dumps({"signature_name": signature, "instances": sentences}).encode()
     request = urllib.request.Request(
         url, data=body, method="POST", headers={"Content-Type": "application/json"}
     )
     try:
         with urllib.request.urlopen(request, timeout=timeout) as response:
-            document = json.loads(response.read().decode("utf-8"))
+            text = response.read().decode("utf-8", errors="replace")
     except urllib.error.HTTPError as error:
         detail = error.read().decode("utf-8", errors="replace")
         try:
-            detail = json.loads(detail).get("error", detail)
+            document = json.loads(detail)
         except ValueError:
-            pass
+            document = None
+        if isinstance(document, dict) and "error" in document:
+            detail = document["error"]
         raise ServerError(f"{url} answered HTTP {error.code}: {detail}",
                           retryable=error.code in RETRYABLE_HTTP_STATUSES) from error
     except (urllib.error.URLError, OSError) as error:
@@ -113,13 +116,25 @@ def predict_rest(sentences, server=DEFAULT_REST_SERVER, model=DEFAULT_MODEL,
         # same slow batch again, adding to the server's load).
         timed_out = isinstance(getattr(error, "reason", error), TimeoutError)
         raise ServerError(f"Cannot reach {url}: {error}", retryable=not timed_out) from error
-    predictions = document.get("predictions")
-    if predictions is None:
-        raise ServerError(f"{url} answered without 'predictions': {document}")
+    # A proxy's page or a server of another kind: said in one line, not a traceback.
+    try:
+        document = json.loads(text)
+    except ValueError:
+        raise ServerError(
+            f"{url} answered with a body that is not JSON: {text[:200]!r}") from None
+    predictions = document.get("predictions") if isinstance(document, dict) else None
+    if not isinstance(predictions, list):
+        raise ServerError(f"{url} answered without 'predictions': {text[:200]}")
+    if len(predictions) != len(sentences):
+        raise ServerError(f"{url} answered {len(predictions)} prediction(s) for "
+                          f"{len(sentences)} sentences")
     results = []
     for prediction in predictions:
         if not isinstance(prediction, dict):  # a single-output signature: plain values
             prediction = {"translation": prediction}
+        if "translation" not in prediction:
+            raise ServerError(f"{url} answered a prediction with no 'translation': "
+                              f"{str(prediction)[:200]} (is --signature a translate one?)")
         results.append({
             "translation": prediction["translation"],
             "score": float(prediction.get("score", float("nan"))),
@@ -258,6 +273,13 @@ def _stdin_lines(stream):
         yield line.decode("utf-8", errors="replace")
 
 
+def _positive(text):
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be 1 or more, got {value}")
+    return value
+
+
 def _non_negative(text):
     value = int(text)
     if value < 0:
@@ -278,7 +300,7 @@ def _parse_args(argv):
                         help="signature: translate, translate_greedy or serving_default "
                              "(default %(default)s)")
     parser.add_argument("--grpc", action="store_true", help="use gRPC instead of REST")
-    parser.add_argument("--batch-size", type=int, default=64,
+    parser.add_argument("--batch-size", type=_positive, default=64,
                         help="sentences per request (default %(default)s, the server's "
                              "max_batch_size in export/batching_parameters.txt; a request "
                              "the server refuses as larger is sent in requests of its size)")

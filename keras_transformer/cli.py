@@ -58,10 +58,10 @@ def _make_translate_fn(search, beam_size, alpha, max_output_length):
     def make(model, source_tokenizer, target_tokenizer):
         from keras_transformer.export import DecodingConfig, Translator
 
+        beam = dict(beam_size=beam_size, alpha=alpha) if search == "beam" else {}
         translator = Translator(
             model, source_tokenizer, target_tokenizer,
-            DecodingConfig(search=search, beam_size=beam_size, alpha=alpha,
-                           max_output_length=max_output_length),
+            DecodingConfig(search=search, max_output_length=max_output_length, **beam),
         )
         return translator
 
@@ -330,7 +330,7 @@ def cmd_export(args):
         if not args.jit:
             raise SystemExit("keras-transformer export: --jit-max-rows goes with --jit.")
         given["jit_max_rows"] = args.jit_max_rows or None  # 0: XLA at every batch size
-    check_base_dir(args.out)  # before the model loads
+    check_base_dir(args.out, args.version)  # before the model loads
 
     # The settings are checked before the model is loaded, so a bad flag fails at once.
     try:

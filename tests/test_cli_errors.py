@@ -77,6 +77,15 @@ def test_export_refuses_an_existing_version_as_its_base_directory(tmp_path):
              str(version), "--out")
 
 
+def test_export_refuses_a_version_that_exists_before_loading_the_model(tmp_path):
+    (tmp_path / "exports" / "3").mkdir(parents=True)
+    # Said only after the model had loaded, a minute later on a real run.
+    _refused(["export", "--model", str(tmp_path / "run"), "--out", str(tmp_path / "exports"),
+              "--version", "3"], "exports/3 exists; pass another --version")
+    _refused(["export", "--model", str(tmp_path / "run"), "--out", str(tmp_path / "exports"),
+              "--version", "0"], "version must be a positive integer")
+
+
 @pytest.mark.parametrize("argv", [
     ["evaluate", "--export", "e", "--limit", "0"],
     ["evaluate", "--export", "e", "--limit", "-5"],

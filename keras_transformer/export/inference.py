@@ -40,7 +40,7 @@ def check_sentence_list(sentences):
         )
 
 
-def _as_bytes(sentence):
+def as_bytes(sentence):
     """str -> UTF-8 bytes; bytes pass through untouched (the graph repairs invalid UTF-8)."""
     if isinstance(sentence, bytes):
         return sentence
@@ -209,7 +209,7 @@ class ExportedTranslator:
         buffer_size = batch_size * sort_buffer_batches
         iterator = iter(sentences)
         while True:
-            buffer = [_as_bytes(s) for s in itertools.islice(iterator, buffer_size)]
+            buffer = [as_bytes(s) for s in itertools.islice(iterator, buffer_size)]
             if not buffer:
                 return
             yield from translate_by_length(buffer, batch_size, self._translate_batch, on_batch)

@@ -17,13 +17,15 @@ def next_version(base_dir):
     return max(versions, default=0) + 1
 
 
-def check_base_dir(base_dir):
+def check_base_dir(base_dir, version=None):
     """Refuses a `base_dir` that is itself a SavedModel (a version directory): a new
     version would go to `base_dir/<n>/`, which nothing reading `base_dir` would find,
-    since a reader takes `base_dir` itself for the model (`latest_version_dir`).
+    since a reader takes `base_dir` itself for the model (`latest_version_dir`); and a
+    `version` below 1 or already written (before a model is loaded for nothing).
 
     Raises:
-        ValueError: when `base_dir/saved_model.pb` exists.
+        ValueError: when `base_dir/saved_model.pb` exists, or `version` is below 1.
+        FileExistsError: when `base_dir/<version>` exists.
     """
     base_dir = pathlib.Path(base_dir)
     if (base_dir / "saved_model.pb").is_file():
@@ -31,6 +33,12 @@ def check_base_dir(base_dir):
             f"{base_dir} is an exported version, not a model's base directory: export to "
             f"its parent ({base_dir.parent}), which gets the next version (--out)."
         )
+    if version is not None:
+        if int(version) < 1:
+            raise ValueError(f"version must be a positive integer, got version={version}.")
+        if (base_dir / str(int(version))).exists():
+            raise FileExistsError(
+                f"{base_dir / str(int(version))} exists; pass another --version or remove it.")
 
 
 def export_translator(translator, base_dir, version=None, metadata=None):
@@ -57,14 +65,10 @@ def export_translator(translator, base_dir, version=None, metadata=None):
         ValueError: when `base_dir` is itself an exported version (`check_base_dir`).
     """
     base_dir = pathlib.Path(base_dir)
-    check_base_dir(base_dir)
+    check_base_dir(base_dir, version)
     base_dir.mkdir(parents=True, exist_ok=True)
     version = next_version(base_dir) if version is None else int(version)
-    if version < 1:
-        raise ValueError(f"version must be a positive integer, got version={version}.")
     final = base_dir / str(version)
-    if final.exists():
-        raise FileExistsError(f"{final} exists; pass another --version or remove it.")
     staging = base_dir / f".tmp-{version}-{os.getpid()}"
     shutil.rmtree(staging, ignore_errors=True)
     try:
@@ -75,6 +79,10 @@ def export_translator(translator, base_dir, version=None, metadata=None):
             "decoding": vars(translator.config),
             "exported_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "tensorflow": tf.__version__,
+            # The `metadata` signature's facts (the direction), which a server batching its
+            # requests cannot call: the record is where a client reads them then.
+            **{key: value for key, value in getattr(translator, "metadata_values", {}).items()
+               if value != ""},
             **(metadata or {}),
         }
         (extra / "translator.json").write_text(json.dumps(record, indent=2, default=str))

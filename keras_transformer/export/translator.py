@@ -1,12 +1,15 @@
 """`Translator`: strings in, strings out, tokenization and cached search inside one graph."""
 
 import dataclasses
+import math
+import numbers
 
+import numpy as np
 import tensorflow as tf
 
 from keras_transformer import decoding
 from keras_transformer.decoding.utils import check_length_penalty_form
-from keras_transformer.export.inference import check_sentence_list
+from keras_transformer.export.inference import as_bytes, check_sentence_list
 from keras_transformer.model import TransformerParts
 from keras_transformer.text import END_ID, PAD_ID, START_ID, UNK_ID, SubwordTokenizer
 
@@ -121,9 +124,33 @@ class DecodingConfig:
     def __post_init__(self):
         if self.search not in SEARCHES:
             raise ValueError(f"search must be one of {SEARCHES}, got search={self.search!r}.")
+        # Types first: a string alpha, a float length or `early_stopping="exact"` (truthy:
+        # the early rule) had failed inside the graph at the first call, or changed results.
+        for name, kind in (("beam_size", int), ("max_input_length", int), ("extra_length", int),
+                           ("max_output_length", int), ("top_k", int), ("alpha", float),
+                           ("temperature", float), ("top_p", float), ("early_stopping", bool),
+                           ("disable_unk", bool), ("jit_compile", bool), ("drop_finished", bool),
+                           ("stored_projection", bool), ("jit_max_rows", int)):
+            value = getattr(self, name)
+            if name == "jit_max_rows" and value is None:
+                continue
+            if kind is bool:
+                right = isinstance(value, (bool, np.bool_))
+            else:
+                right = (isinstance(value, numbers.Integral if kind is int else numbers.Real)
+                         and not isinstance(value, (bool, np.bool_))
+                         and (kind is int or math.isfinite(value)))
+            if not right:
+                expected = {int: "an int", float: "a finite number", bool: "True or False"}[kind]
+                hint = (" (the 'exact' rule is early_stopping=False)"
+                        if name == "early_stopping" else "")
+                raise ValueError(f"`{name}` must be {expected}{hint}, got {name}={value!r}.")
         for name in ("beam_size", "max_input_length", "max_output_length"):
             if getattr(self, name) < 1:
                 raise ValueError(f"`{name}` must be positive, got {name}={getattr(self, name)}.")
+        if self.max_input_length < 2:
+            raise ValueError("`max_input_length` must be at least 2 (a piece and END), got "
+                             f"max_input_length={self.max_input_length}.")
         if self.extra_length < 0:
             raise ValueError(f"`extra_length` must be >= 0, got {self.extra_length}.")
         if not self.temperature > 0:
@@ -142,6 +169,19 @@ class DecodingConfig:
                 f"{sampling} apply to search='sample' only; search={self.search!r} would "
                 "ignore them."
             )
+        defaults = {field.name: field.default for field in dataclasses.fields(self)}
+        beam = {name: getattr(self, name)
+                for name in ("beam_size", "alpha", "length_penalty_form", "early_stopping")
+                if getattr(self, name) != defaults[name]
+                and not (name == "beam_size" and self.beam_size == 1)}  # greedy is beam 1
+        if beam and self.search != "beam":
+            raise ValueError(
+                f"{beam} apply to search='beam' only; search={self.search!r} would ignore them."
+            )
+        if self.jit_compile and self.search not in ("beam", "greedy"):
+            raise ValueError(
+                f"`jit_compile` compiles the beam and greedy searches; search={self.search!r} "
+                "would not be compiled.")
         check_length_penalty_form(self.length_penalty_form)
         if self.in_place_cache not in IN_PLACE_CACHE:
             raise ValueError(f"in_place_cache must be one of {IN_PLACE_CACHE}, got "
@@ -378,7 +418,12 @@ class Translator(tf.Module):
         )
 
     def _translate(self, text, search, seeds=None):
-        text = tf.reshape(text, [-1])
+        # The signature declares `text` (B,), but neither a loaded SavedModel nor a model
+        # server checks a request's shape, and Grappler trusts the declaration (an assert on
+        # the rank is folded away): a scalar (REST's `{"inputs": "A dog."}`) or a (B, N)
+        # batch failed in a strided_slice, and (B, 1) was read as B sentences. EnsureShape
+        # runs: "Shape of tensor text [] is not compatible with expected shape [?]".
+        text = tf.raw_ops.EnsureShape(input=text, shape=[None])
         batch_size = tf.shape(text)[0]
         config = self.config
         if seeds is not None:
@@ -495,7 +540,7 @@ class Translator(tf.Module):
     def __call__(self, sentences):
         """Translates a list of Python strings; returns a list of Python strings."""
         check_sentence_list(sentences)
-        outputs = self.translate(tf.constant(list(sentences), tf.string))
+        outputs = self.translate(tf.constant([as_bytes(s) for s in sentences], tf.string))
         return [t.decode("utf-8") for t in outputs["translation"].numpy().tolist()]
 
     def signatures(self):

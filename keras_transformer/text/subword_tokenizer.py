@@ -10,7 +10,7 @@ from tensorflow_text.python.ops.sentencepiece_tokenizer import (
     gen_sentencepiece_tokenizer,
 )
 
-from keras_transformer.text.special_tokens import END_ID, PAD_ID, START_ID
+from keras_transformer.text.special_tokens import END_ID, PAD_ID, START_ID, UNK_ID
 
 # The file name `save()` writes and `load()` looks for in a directory.
 MODEL_FILENAME = "tokenizer.model"
@@ -44,6 +44,29 @@ class _SentencepieceModel(tf.saved_model.experimental.TrackableResource):
         return gen_sentencepiece_tokenizer.sentencepiece_op(
             model=self._model_proto, shared_name=f"keras_transformer_sentencepiece_{digest}"
         )
+
+
+def check_reserved_ids(model_proto, model_path="the model"):
+    """Raises ValueError unless a SentencePiece model gives the reserved ids their roles:
+    `PAD_ID` padding, `START_ID` `<s>`, `END_ID` `</s>`, `UNK_ID` unknown.
+
+    SentencePiece's own defaults (unknown 0, `<s>` 1, `</s>` 2, no padding) had been
+    accepted: an unknown character became id 0, which the model masks as padding, and the
+    commonest piece at id 3 could never be produced (decoding bans UNK).
+    """
+    import sentencepiece as spm
+
+    processor = spm.SentencePieceProcessor(model_proto=model_proto)
+    roles = {"pad_id": (processor.pad_id(), PAD_ID), "bos_id": (processor.bos_id(), START_ID),
+             "eos_id": (processor.eos_id(), END_ID), "unk_id": (processor.unk_id(), UNK_ID)}
+    wrong = {name: have for name, (have, want) in roles.items() if have != want}
+    if wrong:
+        found = ", ".join(f"{name}={value}" for name, value in wrong.items())
+        raise ValueError(
+            f"{model_path} gives the reserved ids other roles ({found}): "
+            "this package needs pad_id=0, bos_id=1, eos_id=2, unk_id=3. Train the vocabulary "
+            "with keras_transformer.text.train_sentencepiece, or SentencePiece with "
+            "--pad_id=0 --bos_id=1 --eos_id=2 --unk_id=3.")
 
 
 class SubwordTokenizer(tf.Module):
@@ -83,6 +106,7 @@ class SubwordTokenizer(tf.Module):
         model_path = os.fspath(model_path)
         with open(model_path, "rb") as f:
             model_proto = f.read()
+        check_reserved_ids(model_proto, model_path)
         self.model_asset = tf.saved_model.Asset(model_path)
         self._model = _SentencepieceModel(self.model_asset, model_proto)
         self._vocab_size = int(

@@ -29,6 +29,15 @@ BATCH_SIZE = 64
 LEARNING_RATE = 3e-3
 # Decoding settings of the exported model (short bounds keep the searches cheap).
 DECODING = dict(max_input_length=24, extra_length=6, max_output_length=32)
+BEAM_SETTINGS = ("beam_size", "alpha", "length_penalty_form", "early_stopping")
+
+
+def for_search(settings):
+    """`DecodingConfig` settings without the beam ones unless the search is beam search
+    (tests parametrized over searches give a beam size to all; the config refuses it)."""
+    if settings.get("search", "beam") == "beam":
+        return settings
+    return {key: value for key, value in settings.items() if key not in BEAM_SETTINGS}
 EXPORT_BEAM_SIZE = 3
 
 
@@ -49,12 +58,12 @@ class CopyTask:
         self.train = train
         self.held_out = held_out
 
-    def translator(self, model=None, **config):
+    def translator(self, model=None, metadata=None, **config):
         from keras_transformer.export import DecodingConfig, Translator
 
-        settings = {**DECODING, **config}
+        settings = for_search({**DECODING, **config})
         return Translator(model or self.model, self.tokenizer, self.tokenizer,
-                          DecodingConfig(**settings))
+                          DecodingConfig(**settings), metadata=metadata)
 
 
 def _train_copy_model(tokenizer, sentences):
@@ -109,6 +118,10 @@ def random_model(copy_task):
     return model
 
 
+# The `Translator(metadata=)` of the `exported` fixture: what its `metadata` signature says.
+COPY_DIRECTION = {"source_lang": "ka", "target_lang": "ka", "data": "copy"}
+
+
 @pytest.fixture(scope="session")
 def exported(copy_task, tmp_path_factory):
     """The copy model exported with beam search, then *moved*: returns the new base dir.
@@ -118,7 +131,7 @@ def exported(copy_task, tmp_path_factory):
     from keras_transformer.export import export_translator
 
     translator = copy_task.translator(search="beam", beam_size=EXPORT_BEAM_SIZE,
-                                      stored_projection=True)
+                                      stored_projection=True, metadata=COPY_DIRECTION)
     assert hasattr(translator, "projection_kernel")  # the copy model is tied
     written = tmp_path_factory.mktemp("export_written") / "translator"
     version_dir = export_translator(translator, written, metadata={"task": "copy"})

@@ -3,6 +3,7 @@
 import json
 import os
 import pathlib
+import re
 import socket
 import subprocess
 import sys
@@ -299,3 +300,57 @@ def _raises(error):
     def predict(batch, **unused):
         raise error
     return predict
+
+
+class _CannedAnswer:
+    """A loopback HTTP server answering every POST with one status and body."""
+
+    def __init__(self, status, body):
+        import http.server
+        import threading
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def log_message(self, *unused):
+                pass
+
+            def do_POST(self):  # noqa: N802
+                self.rfile.read(int(self.headers["Content-Length"]))
+                self.send_response(status)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+        self.httpd = http.server.HTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *unused):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("status, body, message", [
+    (200, b"<html>a proxy's page</html>", "not JSON"),
+    (200, b"[1, 2]", "without 'predictions'"),
+    (200, b'{"predictions": [{"translation": "x"}]}', "1 prediction(s) for 2 sentences"),
+    (200, b'{"predictions": [{"score": 1.0}, {"score": 2.0}]}', "no 'translation'"),
+    (400, b'["oops"]', "HTTP 400: [\"oops\"]"),
+])
+def test_answers_a_server_should_not_give_are_server_errors(status, body, message):
+    # A proxy's HTML page, an error body that is not an object or too few predictions ended
+    # the client with a traceback (or, cut by zip, a NoneType error at the next line).
+    client = _load_client()
+    with _CannedAnswer(status, body) as server:
+        with pytest.raises(client.ServerError, match=re.escape(message)):
+            client.predict_rest(["ka", "lo"], server=server.url, timeout=10)
+
+
+def test_a_batch_size_below_one_is_refused():
+    client = _load_client()
+    for size in ("0", "-3"):
+        with pytest.raises(SystemExit):
+            client._parse_args(["--batch-size", size, "ka"])

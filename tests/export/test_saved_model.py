@@ -16,7 +16,7 @@ from tensorflow.core.framework import types_pb2
 from tensorflow.core.protobuf import saved_model_pb2
 
 from keras_transformer.export import ExportedTranslator, export_translator, latest_version_dir
-from tests.export.conftest import DECODING
+from tests.export.conftest import COPY_DIRECTION, DECODING
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 VENV_BIN = pathlib.Path(sys.executable).parent
@@ -113,6 +113,9 @@ def test_layout_signatures_and_assets(exported):
     assert record["decoding"]["search"] == "beam"
     assert record["decoding"]["max_input_length"] == DECODING["max_input_length"]
     assert record["task"] == "copy"  # the metadata argument
+    # The Translator's metadata (the direction), which a batching server cannot ask the
+    # `metadata` signature for, was missing from the record.
+    assert {key: record.get(key) for key in COPY_DIRECTION} == COPY_DIRECTION
     assert record["tensorflow"] == tf.__version__
 
 
@@ -252,6 +255,21 @@ def test_hostile_inputs_get_bounded_outputs(loaded, copy_task, signature):
     for i, name in enumerate(names):
         alone = function(text=tf.constant([HOSTILE_INPUTS[name]]))
         assert alone["translation"].numpy()[0] == outputs["translation"].numpy()[i], name
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("signature", ["translate", "translate_greedy"])
+def test_text_of_another_rank_than_a_batch_is_refused_by_name(loaded, signature):
+    # Nothing checks a request's rank against the signature: a scalar failed in a
+    # strided_slice, a (2, 2) batch in a shape error, a (B, 1) batch was flattened.
+    function = loaded.signatures[signature]
+    for text in (tf.constant("ka lo"), tf.constant([["ka", "lo"], ["mi", "nu"]]),
+                 tf.constant([["ka"]])):
+        with pytest.raises(tf.errors.InvalidArgumentError,
+                           match=r"Shape of tensor text \[.*\] is not compatible with "
+                                 r"expected shape \[\?\]"):
+            function(text=text)
+    assert function(text=tf.constant(["ka"]))["translation"].shape == (1,)
 
 
 @pytest.mark.slow

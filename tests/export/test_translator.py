@@ -6,7 +6,7 @@ import pytest
 import tensorflow as tf
 
 from keras_transformer.text import END_ID, PAD_ID, START_ID, UNK_ID
-from tests.export.conftest import DECODING
+from tests.export.conftest import DECODING, for_search
 
 # Sources of every kind for the bound checks: empty, short, long, beyond max_input_length.
 BOUND_SOURCES = ["", "ka", "bal dor fen gim hut", " ".join(["kor lam"] * 10), "ka " * 200]
@@ -382,7 +382,7 @@ def tiny_model(tokenizer, learned_positions=True, max_length=TABLE, bias=None, s
 def tiny_translator(tokenizer, model, **config):
     from keras_transformer.export import DecodingConfig, Translator
 
-    return Translator(model, tokenizer, tokenizer, DecodingConfig(**config))
+    return Translator(model, tokenizer, tokenizer, DecodingConfig(**for_search(config)))
 
 
 NEVER_END = {END_ID: -1e4}
@@ -448,6 +448,31 @@ def test_invalid_sampling_settings_are_refused(settings):
 
     with pytest.raises(ValueError, match=next(iter(settings))):
         DecodingConfig(search="sample", **settings)
+
+
+@pytest.mark.parametrize("settings, match", [
+    # Each had been accepted: a truthy string ran the early rule, NaN made every translation
+    # empty, the others failed inside the graph at the first call without naming the field.
+    (dict(early_stopping="exact"), "early_stopping"), (dict(alpha=float("nan")), "alpha"),
+    (dict(alpha=None), "alpha"), (dict(alpha="0.6"), "alpha"), (dict(beam_size=2.5), "beam_size"),
+    (dict(beam_size=True), "beam_size"), (dict(beam_size=None), "beam_size"),
+    (dict(max_output_length=6.5), "max_output_length"), (dict(extra_length=2.5), "extra_length"),
+    (dict(jit_compile=True, jit_max_rows=2.5), "jit_max_rows"),
+    (dict(max_input_length=1), "max_input_length"),
+    # Beam settings with another search were ignored silently (the CLI refuses them).
+    (dict(search="greedy", beam_size=8, alpha=1.2), "apply to search='beam' only"),
+    (dict(search="sample", early_stopping=False), "apply to search='beam' only"),
+    # --jit compiles the beam and greedy searches only.
+    (dict(search="sample", jit_compile=True), "jit_compile"),
+])
+def test_decoding_settings_of_the_wrong_type_or_search_are_refused(settings, match):
+    from keras_transformer.export import DecodingConfig
+
+    with pytest.raises(ValueError, match=match):
+        DecodingConfig(**settings)
+    # What stays accepted: greedy as beam 1, NumPy integers, no XLA row limit.
+    DecodingConfig(search="greedy", beam_size=1)
+    DecodingConfig(beam_size=np.int64(3), jit_max_rows=None)
 
 
 def test_unknown_length_penalty_is_refused():
@@ -605,5 +630,10 @@ def test_translator_takes_a_list_of_sentences_and_a_decoding_config(small_tokeni
     with pytest.raises(TypeError, match="list of sentences"):
         translator("ka lo mi")
     assert len(translator(["ka lo mi"])) == 1
+    # Items that are not text: TensorFlow's conversion error, naming no sentence, before.
+    for items in ([None], ["ka", 1]):
+        with pytest.raises(TypeError, match="Expected str or bytes sentences, got"):
+            translator(items)
+    assert len(translator([b"ka lo", "mi"])) == 2
     with pytest.raises(TypeError, match="DecodingConfig"):
         Translator(model, small_tokenizer, small_tokenizer, {"beam_size": 4})

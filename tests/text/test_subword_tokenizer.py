@@ -201,3 +201,16 @@ def test_saved_model_asset_in_fresh_process(tokenizer, small_model_path, tmp_pat
     assert from_assets.tokenize(tf.constant(sentences)).to_list() == (
         tokenizer.tokenize(tf.constant(sentences)).to_list()
     )
+
+
+def test_a_vocabulary_with_sentencepieces_default_ids_is_refused(tmp_path):
+    # SentencePiece's defaults (unk 0, <s> 1, </s> 2, no padding) were accepted: unknown
+    # characters became the padding id and the commonest piece, at id 3, was banned as UNK.
+    import sentencepiece as spm
+
+    sentences = ["A dog runs in the snow.", "Two dogs play.", "A man walks."] * 30
+    spm.SentencePieceTrainer.train(sentence_iterator=iter(sentences), vocab_size=26,
+                                   model_prefix=str(tmp_path / "defaults"))
+    with pytest.raises(ValueError, match=r"other roles \(pad_id=-1, unk_id=0\): this package "
+                                         r"needs pad_id=0, bos_id=1.*--pad_id=0 --bos_id=1"):
+        SubwordTokenizer(tmp_path / "defaults.model")
