@@ -107,6 +107,10 @@ class TrainingConfig:
     dropout: float = _field(
         0.1, "Dropout rate on sublayer outputs, embeddings and attention weights."
     )
+    attention_dropout: float | None = _field(
+        None, "Dropout rate on attention weights alone; None = `dropout`. With 0 no mask is "
+        "drawn per attention weight (fairseq's small-data recipes leave it at 0)."
+    )
     late_dropout: float | None = _field(
         None, "Dropout rate after the first `late_dropout_after` epochs (a 'late dropout', "
         "Liu et al., 2023: learn fast with `dropout`, then regularize more); every dropout "
@@ -318,6 +322,9 @@ class TrainingConfig:
             raise ValueError(f"`lr_cooldown` must be in [0, 1]. Received: {self.lr_cooldown}")
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"`dropout` must be in [0, 1). Received: {self.dropout}")
+        if self.attention_dropout is not None and not 0.0 <= self.attention_dropout < 1.0:
+            raise ValueError(
+                f"`attention_dropout` must be in [0, 1) or None. Received: {self.attention_dropout}")
         if self.subword_nbest < 1:
             raise ValueError(f"`subword_nbest` must be >= 1. Received: {self.subword_nbest}")
         if not self.subword_alpha >= 0:

@@ -134,6 +134,7 @@ def build_model(config, source_tokenizer, target_tokenizer):
         num_layers=config.num_layers,
         num_decoder_layers=config.num_decoder_layers,
         dropout=config.dropout,
+        attention_dropout=config.attention_dropout,
         norm_first=config.norm_first,
         tie_embeddings=config.tie_embeddings,
         max_length=max(config.max_length, 512),

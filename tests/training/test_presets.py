@@ -160,3 +160,24 @@ def test_values_out_of_range_are_refused_naming_the_field(field, value):
 def test_late_dropout_settings_without_late_dropout_are_refused():
     with pytest.raises(ValueError, match="apply to `late_dropout`, which is not set"):
         get_preset("tiny").replace(late_dropout_after=5)
+
+
+def test_attention_dropout_reaches_the_attention_layers_alone():
+    from keras_transformer.layers import MultiHeadAttention
+    from keras_transformer.training.trainer import build_model
+
+    class Sized:
+        vocab_size = 300
+
+    tokenizer = Sized()
+    rates = {}
+    for setting in (None, 0.0):
+        model = build_model(get_preset("tiny").replace(dropout=0.2, attention_dropout=setting),
+                            tokenizer, tokenizer)
+        layers = list(model._flatten_layers())
+        rates[setting] = ({layer.dropout for layer in layers
+                           if isinstance(layer, MultiHeadAttention)},
+                          model.get_layer("encoder").dropout)
+    assert rates == {None: ({0.2}, 0.2), 0.0: ({0.0}, 0.2)}
+    with pytest.raises(ValueError, match="attention_dropout"):
+        get_preset("tiny").replace(attention_dropout=1.0)
