@@ -72,7 +72,9 @@ def _split_files(paths, flag):
     """`[SRC, TGT]` -> two absolute paths (parallel files); `[TSV]` -> one (TSV)."""
     if len(paths) not in (1, 2):
         raise SystemExit(f"{flag} takes SRC TGT (parallel files) or one TSV file, got {paths}.")
-    resolved = [str(pathlib.Path(p).resolve()) for p in paths]
+    from keras_transformer.textfiles import absolute_path
+
+    resolved = [absolute_path(p) for p in paths]
     if len(resolved) == 2 and resolved[0] == resolved[1]:
         raise SystemExit(f"{flag} names {paths[0]} for both sides: give the source file, then "
                          "its translation.")
@@ -529,12 +531,13 @@ def _evaluation_pairs(args, metadata):
         return sources, references, f"{args.src} -> {args.ref}", target_lang
     from keras_transformer.data import open_source
 
-    recorded = {"data", "training_config"} & set(metadata) or (
-        metadata.get("source_lang") and metadata.get("target_lang"))
+    # Languages alone (a `Translator(metadata=...)`) name no data source: read as Multi30K's
+    # they scored a model of one's own data on Multi30K.
+    recorded = {"data", "training_config"} & set(metadata)
     if not recorded and not (args.source_lang and args.target_lang):
         raise SystemExit(
-            f"{args.export} records no data source or direction (an export written from "
-            "Python without metadata): evaluate it with --src FILE --ref FILE, or name "
+            f"{args.export} records no data source (an export written from Python without a "
+            "`data` entry in its metadata): evaluate it with --src FILE --ref FILE, or name "
             "Multi30K's languages with --source-lang and --target-lang."
         )
     spec = _data_spec(metadata)

@@ -9,11 +9,19 @@ TensorFlow Datasets) both read files with it.
 import gzip
 import hashlib
 import os
+import pathlib
 
 # A UTF-8 byte order mark, which some Windows editors write at the start of a file.
 UTF8_BOM = b"\xef\xbb\xbf"
 # Read size when counting lines or hashing a file.
 _READ_CHUNK = 1 << 20
+
+
+def absolute_path(path):
+    """`path` (str or path-like; `~` expanded) as an absolute path string with symlinks
+    resolved: how the command line and `TrainingConfig.data_files` record data files, so a
+    run started from one directory (or through a symlink) resumes from another."""
+    return str(pathlib.Path(os.fspath(path)).expanduser().resolve())
 
 
 def file_digest(path):

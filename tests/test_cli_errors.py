@@ -117,13 +117,20 @@ def test_evaluate_refuses_a_split_of_an_export_that_records_no_data(tmp_path):
     _refused(["evaluate", "--export", str(tmp_path / "export"), "--split", "test"],
              "records no data source", "--src")
 
-    # An export that records its languages (written from Python with them) is not refused.
+    # Languages alone (a Translator's metadata, which the record now holds) name no data
+    # source: they had been read as Multi30K's, scoring an own-data model on Multi30K.
     (version / "assets.extra" / "translator.json").write_text(json.dumps(
-        {"decoding": {}, "source_lang": "en", "target_lang": "de"}))
-    # It gets as far as loading the (empty, so unloadable) SavedModel.
-    message = _refused(["evaluate", "--export", str(tmp_path / "export"), "--split", "test"],
-                       "keras-transformer evaluate")
-    assert "records no data source" not in message and "SavedModel" in message
+        {"decoding": {}, "source_lang": "fr", "target_lang": "en"}))
+    _refused(["evaluate", "--export", str(tmp_path / "export"), "--split", "test"],
+             "records no data source")
+    # A record of its data source, or Multi30K's languages named, gets as far as loading the
+    # (empty, so unloadable) SavedModel.
+    for record, flags in (({"data": "multi30k", "source_lang": "en", "target_lang": "de"}, []),
+                          ({"decoding": {}}, ["--source-lang", "en", "--target-lang", "de"])):
+        (version / "assets.extra" / "translator.json").write_text(json.dumps(record))
+        message = _refused(["evaluate", "--export", str(tmp_path / "export"), "--split", "test",
+                            *flags], "keras-transformer evaluate")
+        assert "records no data source" not in message and "SavedModel" in message
 
 
 def _corpus(tmp_path, lines=6):

@@ -145,6 +145,7 @@ class DecodingConfig:
                 hint = (" (the 'exact' rule is early_stopping=False)"
                         if name == "early_stopping" else "")
                 raise ValueError(f"`{name}` must be {expected}{hint}, got {name}={value!r}.")
+            setattr(self, name, kind(value))  # NumPy's as Python's (the record is JSON)
         for name in ("beam_size", "max_input_length", "max_output_length"):
             if getattr(self, name) < 1:
                 raise ValueError(f"`{name}` must be positive, got {name}={getattr(self, name)}.")
@@ -178,10 +179,6 @@ class DecodingConfig:
             raise ValueError(
                 f"{beam} apply to search='beam' only; search={self.search!r} would ignore them."
             )
-        if self.jit_compile and self.search not in ("beam", "greedy"):
-            raise ValueError(
-                f"`jit_compile` compiles the beam and greedy searches; search={self.search!r} "
-                "would not be compiled.")
         check_length_penalty_form(self.length_penalty_form)
         if self.in_place_cache not in IN_PLACE_CACHE:
             raise ValueError(f"in_place_cache must be one of {IN_PLACE_CACHE}, got "
@@ -427,7 +424,7 @@ class Translator(tf.Module):
         batch_size = tf.shape(text)[0]
         config = self.config
         if seeds is not None:
-            seeds = tf.reshape(seeds, [-1])
+            seeds = tf.raw_ops.EnsureShape(input=seeds, shape=[None])  # as `text`
             check = tf.debugging.assert_equal(
                 tf.shape(seeds), tf.shape(text),
                 message="`seed` needs one int64 per sentence of `text`",

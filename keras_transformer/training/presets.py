@@ -323,8 +323,8 @@ class TrainingConfig:
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"`dropout` must be in [0, 1). Received: {self.dropout}")
         if self.attention_dropout is not None and not 0.0 <= self.attention_dropout < 1.0:
-            raise ValueError(
-                f"`attention_dropout` must be in [0, 1) or None. Received: {self.attention_dropout}")
+            raise ValueError("`attention_dropout` must be in [0, 1) or None. Received: "
+                             f"{self.attention_dropout}")
         if self.subword_nbest < 1:
             raise ValueError(f"`subword_nbest` must be >= 1. Received: {self.subword_nbest}")
         if not self.subword_alpha >= 0:
@@ -454,27 +454,22 @@ def _check_ranges(config):
         wrong.append(f"length_penalty={config.length_penalty} (a finite number)")
     if wrong:
         raise ValueError("TrainingConfig field(s) out of range: " + "; ".join(wrong) + ".")
-    if config.late_dropout is None and (config.late_dropout_after
-                                        or config.late_dropout_min_epochs):
-        raise ValueError(
-            "`late_dropout_after` and `late_dropout_min_epochs` apply to `late_dropout`, which "
-            f"is not set. Received: late_dropout_after={config.late_dropout_after}, "
-            f"late_dropout_min_epochs={config.late_dropout_min_epochs}")
 
 
 def _normalized_data_files(files):
     """`data_files` as JSON holds it: split names to absolute path strings (a `[source,
     target]` list, or one TSV path), so that a run's `config.json` compares equal to the
     config that wrote it, and a run started from one directory resumes from another.
-    Tuples and path-likes are accepted; `~` is expanded. Two names of the validation split
+    Tuples and path-likes are accepted; `~` is expanded, symlinks resolved. Two names of the validation split
     (`validation`, `valid`, `val`, `dev`) are refused: one would silently replace the other.
     """
     from keras_transformer.data.sources import VALIDATION_NAMES
+    from keras_transformer.textfiles import absolute_path
 
     def absolute(path, split):
         if not isinstance(path, (str, os.PathLike)):
             raise ValueError(f"`data_files[{split!r}]` must hold file paths. Received: {path!r}")
-        return os.path.abspath(os.path.expanduser(os.fspath(path)))
+        return absolute_path(path)
 
     normalized = {}
     for split, paths in files.items():

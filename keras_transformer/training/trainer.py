@@ -374,6 +374,9 @@ def check_resumable(config, run_dir):
         return  # a start that failed before its vocabulary: nothing trained to keep
     saved = type(config).from_dict(json.loads(path.read_text())).to_dict()
     current = config.to_dict()
+    for name in ("source_lang", "target_lang"):
+        if current[name] is None:  # the same data source chooses them as it did for the run
+            current[name] = saved[name]
     differing = [
         name for name in current if name not in RESUMABLE_FIELDS and saved[name] != current[name]
     ]

@@ -358,3 +358,6 @@ def test_sampling_export_takes_one_seed_per_sentence_in_saved_model_cli(
     batch = seeded(text=tf.constant(sentences), seed=tf.constant(seeds, tf.int64))
     alone = seeded(text=tf.constant(sentences[2:]), seed=tf.constant(seeds[2:], tf.int64))
     assert alone["translation"].numpy()[0] == batch["translation"].numpy()[2]
+    # Seeds of another rank are refused as `text` is (a (B, 1) column had been flattened).
+    with pytest.raises(tf.errors.InvalidArgumentError, match="Shape of tensor seed"):
+        seeded(text=tf.constant(sentences), seed=tf.constant([[s] for s in seeds], tf.int64))

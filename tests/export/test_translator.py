@@ -462,17 +462,23 @@ def test_invalid_sampling_settings_are_refused(settings):
     # Beam settings with another search were ignored silently (the CLI refuses them).
     (dict(search="greedy", beam_size=8, alpha=1.2), "apply to search='beam' only"),
     (dict(search="sample", early_stopping=False), "apply to search='beam' only"),
-    # --jit compiles the beam and greedy searches only.
-    (dict(search="sample", jit_compile=True), "jit_compile"),
 ])
 def test_decoding_settings_of_the_wrong_type_or_search_are_refused(settings, match):
     from keras_transformer.export import DecodingConfig
 
     with pytest.raises(ValueError, match=match):
         DecodingConfig(**settings)
-    # What stays accepted: greedy as beam 1, NumPy integers, no XLA row limit.
-    DecodingConfig(search="greedy", beam_size=1)
-    DecodingConfig(beam_size=np.int64(3), jit_max_rows=None)
+
+
+def test_decoding_settings_accept_greedy_as_beam_one_and_numpy_numbers():
+    from keras_transformer.export import DecodingConfig
+
+    assert DecodingConfig(search="greedy", beam_size=1).beam_size == 1
+    config = DecodingConfig(beam_size=np.int64(3), alpha=np.float32(1.5), jit_max_rows=None)
+    # Kept as Python numbers: translator.json had recorded "3" (json's default=str).
+    assert type(config.beam_size) is int and type(config.alpha) is float
+    # --jit with sampling compiles the export's translate_greedy.
+    DecodingConfig(search="sample", jit_compile=True)
 
 
 def test_unknown_length_penalty_is_refused():

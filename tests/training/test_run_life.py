@@ -201,6 +201,18 @@ def test_changed_config_is_refused_listing_the_fields(tmp_path):
     assert "epochs:" not in message
 
 
+def test_a_config_naming_no_languages_resumes_a_run_that_recorded_them(tmp_path):
+    # A run records the languages its data source chose (Multi30K's en->de); the preset
+    # names none: `train --preset quick` again on a killed run was refused.
+    config = get_preset("tiny")
+    (tmp_path / "config.json").write_text(json.dumps(
+        config.replace(source_lang="en", target_lang="de").to_dict()))
+    (tmp_path / "tokenizer").mkdir()
+    check_resumable(config, tmp_path)
+    with pytest.raises(ConfigMismatchError, match="source_lang: 'en' in the run, 'fr' now"):
+        check_resumable(config.replace(source_lang="fr", target_lang="de"), tmp_path)
+
+
 def test_epoch_seeds_differ_per_epoch_and_do_not_depend_on_the_process():
     seeds = [epoch_seed(1234, epoch) for epoch in range(4)]
     assert len(set(seeds)) == 4 and seeds == [epoch_seed(1234, e) for e in range(4)]
