@@ -229,7 +229,8 @@ def translate_all(sentences, predict, batch_size=64, sort_buffer_batches=SORT_BU
         **predict_kwargs: passed to `predict` (server, model, signature, timeout).
 
     Yields:
-        dicts `{"translation", "score", "length"}`, one per sentence, in input order.
+        dicts `{"translation", "score", "length", "truncated", "unfinished"}`, one per
+        sentence, in input order.
     """
     batch_size = max(int(batch_size), 1)
     iterator = iter(sentences)

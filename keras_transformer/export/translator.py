@@ -74,7 +74,7 @@ class DecodingConfig:
     jit_compile: bool = False
     # With `jit_compile`: a batch whose search decodes more rows than this (sentences,
     # times `beam_size` for beam search) takes the regular search instead (finished
-    # sentences dropped, a growing cache): on more rows XLA's fixed-size cache and finished
+    # sentences dropped; beam search's cache in place, greedy's growing): on more rows XLA's fixed-size cache and finished
     # rows cost more than its fused kernels save. Measured on the reference model, XLA is
     # faster up to 4 rows (greedy batch 4, beam 4 batch 1) and slower from 8
     # (benchmarks/RESULTS.md). None: XLA at every batch size.

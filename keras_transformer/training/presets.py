@@ -70,7 +70,7 @@ def resolve_precision(precision, cpuinfo_path="/proc/cpuinfo", gpus=None):
 
 
 def _field(default, help):
-    """A dataclass field whose `metadata["help"]` documents it (the CLI reuses the text)."""
+    """A dataclass field whose `metadata["help"]` documents it."""
     return dataclasses.field(default=default, metadata={"help": help})
 
 
@@ -234,8 +234,8 @@ class TrainingConfig:
         None, "Stop before an epoch that would end after this many minutes of training "
         "(over every attempt of the run, validation included; the longest epoch so far, "
         "the first left out once another is timed, predicts the next): `epochs` becomes an "
-        "upper bound. A run stopped by its budget is finished. None: no budget. Not with "
-        "several workers."
+        "upper bound. A run stopped by its budget is finished. None: no budget. Several "
+        "workers share it: each records the slowest worker's epoch times."
     )
 
     keep_checkpoints: int = _field(
