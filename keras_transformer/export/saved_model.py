@@ -36,9 +36,9 @@ def check_base_dir(base_dir, version=None):
     if version is not None:
         if int(version) < 1:
             raise ValueError(f"version must be a positive integer, got version={version}.")
-        if (base_dir / str(int(version))).exists():
-            raise FileExistsError(
-                f"{base_dir / str(int(version))} exists; pass another --version or remove it.")
+        final = base_dir / str(int(version))
+        if final.exists():
+            raise FileExistsError(f"{final} exists; pass another --version or remove it.")
 
 
 def export_translator(translator, base_dir, version=None, metadata=None):

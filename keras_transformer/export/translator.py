@@ -3,6 +3,8 @@
 import dataclasses
 import math
 import numbers
+import types
+import typing
 
 import numpy as np
 import tensorflow as tf
@@ -74,10 +76,10 @@ class DecodingConfig:
     jit_compile: bool = False
     # With `jit_compile`: a batch whose search decodes more rows than this (sentences,
     # times `beam_size` for beam search) takes the regular search instead (finished
-    # sentences dropped; beam search's cache in place, greedy's growing): on more rows XLA's fixed-size cache and finished
-    # rows cost more than its fused kernels save. Measured on the reference model, XLA is
-    # faster up to 4 rows (greedy batch 4, beam 4 batch 1) and slower from 8
-    # (benchmarks/RESULTS.md). None: XLA at every batch size.
+    # sentences dropped; beam search's cache in place, greedy's growing): on more rows XLA's
+    # fixed-size cache and finished rows cost more than its fused kernels save. Measured on
+    # the reference model, XLA is faster up to 4 rows (greedy batch 4, beam 4 batch 1) and
+    # slower from 8 (benchmarks/RESULTS.md). None: XLA at every batch size.
     jit_max_rows: int | None = 4
     # Greedy and beam search: a finished sentence leaves the batch (its rows are dropped
     # from the decoder's cache at the end of the step it finished), so it stops costing
@@ -124,15 +126,15 @@ class DecodingConfig:
     def __post_init__(self):
         if self.search not in SEARCHES:
             raise ValueError(f"search must be one of {SEARCHES}, got search={self.search!r}.")
-        # Types first: a string alpha, a float length or `early_stopping="exact"` (truthy:
-        # the early rule) had failed inside the graph at the first call, or changed results.
-        for name, kind in (("beam_size", int), ("max_input_length", int), ("extra_length", int),
-                           ("max_output_length", int), ("top_k", int), ("alpha", float),
-                           ("temperature", float), ("top_p", float), ("early_stopping", bool),
-                           ("disable_unk", bool), ("jit_compile", bool), ("drop_finished", bool),
-                           ("stored_projection", bool), ("jit_max_rows", int)):
-            value = getattr(self, name)
-            if name == "jit_max_rows" and value is None:
+        # Types first, as the fields declare them: a string alpha, a float length or
+        # `early_stopping="exact"` (truthy: the early rule) had failed inside the graph at
+        # the first call, or changed results.
+        for field in dataclasses.fields(self):
+            kinds = (typing.get_args(field.type) if isinstance(field.type, types.UnionType)
+                     else (field.type,))
+            kind = next((k for k in kinds if k in (int, float, bool)), None)
+            name, value = field.name, getattr(self, field.name)
+            if kind is None or (value is None and type(None) in kinds):
                 continue
             if kind is bool:
                 right = isinstance(value, (bool, np.bool_))
@@ -159,7 +161,7 @@ class DecodingConfig:
                 f"`temperature` must be > 0 (lower is greedier; use search='greedy' for the "
                 f"argmax), got temperature={self.temperature}."
             )
-        if int(self.top_k) != self.top_k or self.top_k < 0:
+        if self.top_k < 0:
             raise ValueError(f"`top_k` must be an int >= 0 (0 = off), got top_k={self.top_k}.")
         if not 0 < self.top_p <= 1:
             raise ValueError(f"`top_p` must be in (0, 1] (1 = off), got top_p={self.top_p}.")

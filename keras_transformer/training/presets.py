@@ -460,8 +460,8 @@ def _normalized_data_files(files):
     """`data_files` as JSON holds it: split names to absolute path strings (a `[source,
     target]` list, or one TSV path), so that a run's `config.json` compares equal to the
     config that wrote it, and a run started from one directory resumes from another.
-    Tuples and path-likes are accepted; `~` is expanded, symlinks resolved. Two names of the validation split
-    (`validation`, `valid`, `val`, `dev`) are refused: one would silently replace the other.
+    Tuples and path-likes are accepted; `~` is expanded, symlinks resolved. Two names of the
+    validation split (`VALIDATION_NAMES`) are refused: one would silently replace the other.
     """
     from keras_transformer.data.sources import VALIDATION_NAMES
     from keras_transformer.textfiles import absolute_path
@@ -477,7 +477,7 @@ def _normalized_data_files(files):
             raise ValueError(f"`data_files` keys must be split names. Received: {split!r}")
         normalized[split] = ([absolute(path, split) for path in paths]
                              if isinstance(paths, (list, tuple)) else absolute(paths, split))
-    validation = sorted(set(normalized) & ({"validation"} | set(VALIDATION_NAMES)))
+    validation = sorted(set(normalized) & set(VALIDATION_NAMES))
     if len(validation) > 1:
         raise ValueError(
             f"`data_files` names the validation split {len(validation)} times ({validation}): "
