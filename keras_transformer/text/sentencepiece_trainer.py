@@ -61,8 +61,9 @@ def train_sentencepiece(
     """Trains a SentencePiece model with the reserved ids of keras_transformer.
 
     Training reads the sentences through SentencePiece's `sentence_iterator` and gets the
-    model back through `model_writer`, so nothing is written but `output_path`. The
-    reserved ids are `0` = `<pad>`, `1` = `<s>` (start), `2` = `</s>` (end), `3` = `<unk>`.
+    model back through `model_writer`, so nothing is written but `output_path`, whole or
+    not at all (a temporary file renamed over it). The reserved ids are `0` = `<pad>`,
+    `1` = `<s>` (start), `2` = `</s>` (end), `3` = `<unk>`.
     The result is deterministic: the same sentences in the same order give the same bytes.
 
     Text is normalized with `normalization_rule_name` (see
@@ -150,5 +151,14 @@ def train_sentencepiece(
             f"pieces ({error}): train with a smaller one (--set vocab_size=N) or on more data."
         ) from None
     output_path.parent.mkdir(parents=True, exist_ok=True)
-    output_path.write_bytes(model.getvalue())
+    # Into a temporary file beside `output_path`, renamed over it once complete (as
+    # `training.callbacks.save_atomically` saves models): a kill or a full disk during the
+    # write leaves the previous file or none, never a truncated model no run can read.
+    temporary = output_path.with_name(f".partial-{os.getpid()}-{output_path.name}")
+    try:
+        temporary.write_bytes(model.getvalue())
+        os.replace(temporary, output_path)
+    finally:
+        if temporary.exists():
+            temporary.unlink()
     return output_path

@@ -59,6 +59,11 @@ class BleuCallback(keras.callbacks.Callback):
         target_lang: str or None, the references' language: BLEU is tokenized as it is
             written (`keras_transformer.languages.bleu_tokenizer`; `13a` for None and most
             languages, `zh` for Chinese). Defaults to `None`.
+        initial_epoch: int or None, the epoch a resumed run resumes after (`fit`'s
+            `initial_epoch`). A best model recorded for a later epoch (saved before a kill
+            that the backup of its epoch did not see) holds weights the run no longer has:
+            it and its record are deleted, and the epoch trained again decides. `None`
+            keeps any record. Defaults to `None`.
 
     Example:
 
@@ -88,6 +93,7 @@ class BleuCallback(keras.callbacks.Callback):
         batch_size=None,
         verbose=1,
         target_lang=None,
+        initial_epoch=None,
     ):
         super().__init__()
         if len(sources) != len(references):
@@ -112,6 +118,7 @@ class BleuCallback(keras.callbacks.Callback):
         self.batch_size = batch_size
         self.verbose = verbose
         self.tokenize = bleu_tokenizer(target_lang)
+        self.initial_epoch = initial_epoch
         self.best_bleu = None
 
     @property
@@ -119,9 +126,21 @@ class BleuCallback(keras.callbacks.Callback):
         return None if self.best_path is None else self.best_path + ".json"
 
     def on_train_begin(self, logs=None):
-        if self._record_path and os.path.exists(self._record_path):
-            with open(self._record_path, encoding="utf-8") as f:
-                self.best_bleu = json.load(f)["val_bleu"]
+        if not (self._record_path and os.path.exists(self._record_path)):
+            return
+        with open(self._record_path, encoding="utf-8") as f:
+            record = json.load(f)
+        if self.initial_epoch is not None and record.get("epoch", 0) > self.initial_epoch:
+            # Of an epoch the resumed run trains again. The model is saved before its
+            # record, so it is of that epoch too, and goes as that epoch's checkpoint does
+            # (`drop_epoch_checkpoints_after`); the record last, so that a kill between the
+            # two leaves it to be dropped again.
+            for path in (self.best_path, self._record_path):
+                if os.path.exists(path):
+                    os.remove(path)
+            self.best_bleu = None
+            return
+        self.best_bleu = record["val_bleu"]
 
     def compute_bleu(self):
         """Translates the validation sample and returns its corpus BLEU (0-100)."""
@@ -274,14 +293,44 @@ class FinalModelSaver(keras.callbacks.Callback):
 
     Place it before the backup callback: `on_train_end` runs in the callbacks' order, so a
     kill during this save leaves the backup to resume from (and no half-written model).
+
+    With `run_history`, the number of epochs the model has trained (over every attempt of
+    the run) is recorded beside it in `<filepath>.json` (`{"epoch": N}`, written after the
+    model, atomically; `read_final_model_epochs`): a run found with both a final model and a
+    backup tells from it whether the model is the backup's epoch or an earlier one, which
+    file times do not tell once the run was copied without them.
+
+    Args:
+        filepath: str, the `.keras` path.
+        run_history: the run's `RunHistory` or `None` (no record). Defaults to `None`.
     """
 
-    def __init__(self, filepath):
+    def __init__(self, filepath, run_history=None):
         super().__init__()
         self.filepath = str(filepath)
+        self.run_history = run_history
 
     def on_train_end(self, logs=None):
         save_atomically(self.model, self.filepath)
+        if self.run_history is not None:
+            write_json_atomically(final_model_record_path(self.filepath),
+                                  {"epoch": len(self.run_history.epoch_seconds)})
+
+
+def final_model_record_path(filepath):
+    """The record of the epochs a final model holds (`FinalModelSaver`): its path plus
+    `.json`, as `best.keras.json` records the best model's."""
+    return os.fspath(filepath) + ".json"
+
+
+def read_final_model_epochs(filepath):
+    """The epochs the final model at `filepath` has trained, as its record says, or `None`
+    without a readable record (a model saved before records were written)."""
+    try:
+        with open(final_model_record_path(filepath), encoding="utf-8") as f:
+            return int(json.load(f)["epoch"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 class DropoutSeeds(keras.callbacks.Callback):
@@ -833,7 +882,8 @@ def make_callbacks(
     - `run_history` (a `RunHistory`), if given, then a `TimeBudget` reading it if
       `time_budget_minutes` is set, and a `BudgetCooldown` if `cooldown_fraction` is too;
     - `FinalModelSaver(final_model_path)`, if given: the trained model, saved when `fit`
-      ends, before the backup is deleted;
+      ends, before the backup is deleted (with the record of its epochs, given a
+      `run_history`);
     - `AtomicBackupAndRestore` under `<output_dir>/backup`, last, so it backs up an epoch
       only after everything else has handled it. Rerunning the same `fit` call after the
       process was killed restores the weights, the optimizer state (step count, Adam
@@ -929,7 +979,7 @@ def make_callbacks(
     elif cooldown_fraction:
         raise ValueError("`cooldown_fraction` is planned within a `time_budget_minutes`.")
     if final_model_path is not None:
-        callbacks.append(FinalModelSaver(final_model_path))
+        callbacks.append(FinalModelSaver(final_model_path, run_history=run_history))
     callbacks.append(
         AtomicBackupAndRestore(os.path.join(output_dir, "backup"), save_freq=backup_save_freq,
                                resume_epoch=resume_epoch)

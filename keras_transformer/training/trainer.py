@@ -3,7 +3,8 @@
 The run directory layout is the contract with export (see `keras_transformer/export/run.py`):
 `config.json`, `data_report.json`, `tokenizer/`, `checkpoints/{last,best}.keras` (and
 `checkpoints/epoch-NNN.weights.npz` with `keep_checkpoints`), `logs/`, `backup/` (while
-training), `model.keras`, `history.json` (every epoch's logs and time, over all attempts).
+training), `model.keras` (and `model.keras.json`, the epochs it holds), `history.json` (every
+epoch's logs and time, over all attempts).
 """
 
 import contextlib
@@ -43,6 +44,7 @@ from keras_transformer.training.callbacks import (
     make_callbacks,
     plan_cooldown,
     read_backup_metadata,
+    read_final_model_epochs,
     read_run_history,
     time_budget_reached,
 )
@@ -97,14 +99,36 @@ def _pairs(dataset, source_lang, target_lang, limit=None):
 
 
 def prepare_tokenizers(config, train_split, output_dir):
-    """Loads the run's tokenizers, training them on the train split the first time."""
-    directory = pathlib.Path(output_dir) / "tokenizer"
+    """Loads the run's tokenizers, training them on the train split the first time.
+
+    A vocabulary file that cannot be read (cut short by a kill or a full disk before it
+    was written atomically, or in a copy) is trained again while no epoch was trained with
+    it; once one was, the model's ids are that vocabulary's pieces, and the run is refused
+    with a `ValueError` naming the file.
+    """
+    output_dir = pathlib.Path(output_dir)
+    directory = output_dir / "tokenizer"
     try:
         tokenizers = load_tokenizers(directory)
         logger.info("Reusing the tokenizer in %s", directory)
         return tokenizers
     except FileNotFoundError:
         pass
+    except (RuntimeError, ValueError) as error:
+        # SentencePiece cannot parse the file, or reads a model cut short before its
+        # settings with other reserved ids (`check_reserved_ids`).
+        files = " and ".join(str(path) for path in sorted(directory.glob("*.model"))
+                             if not path.name.startswith("."))  # not a write's partial file
+        trained = _trained_files(output_dir)
+        if trained:
+            listed = ", ".join(str(path) for path in trained[:3])
+            raise ValueError(
+                f"{files} cannot be read ({error}), and epochs were trained with it "
+                f"({listed}): the model's ids are its pieces, so it is not trained again. Put "
+                "back a copy of it (an export of the run holds one in its assets/), or start "
+                "over with --overwrite.") from None
+        print(f"{files} cannot be read ({error}); no epoch was trained with it: the "
+              "vocabulary is trained again.", flush=True)
     started = time.time()
     source_lang, target_lang = run_languages(config)
     tokenizers = train_tokenizers(
@@ -120,6 +144,19 @@ def prepare_tokenizers(config, train_split, output_dir):
     print(f"Trained a {config.vocab_size}-piece {'shared' if config.shared_vocabulary else 'separate'}"
           f" SentencePiece vocabulary in {time.time() - started:.1f}s -> {directory}", flush=True)
     return tokenizers
+
+
+def _trained_files(run_dir):
+    """What epochs trained in `run_dir` left: its final model, backup, history of an epoch
+    or more, files under `checkpoints/`; an empty list before the first epoch's end."""
+    run_dir = pathlib.Path(run_dir)
+    found = [path for path in (run_dir / "model.keras", run_dir / "backup") if path.exists()]
+    if read_run_history(run_dir / "history.json")["epochs"]:
+        found.append(run_dir / "history.json")
+    if (run_dir / "checkpoints").is_dir():
+        found.extend(sorted(path for path in (run_dir / "checkpoints").iterdir()
+                            if path.is_file()))
+    return found
 
 
 def build_model(config, source_tokenizer, target_tokenizer):
@@ -401,10 +438,20 @@ def _latest_backup_epoch(write_dir):
 def _finished_after_backup(write_dir):
     """Whether `write_dir`'s `model.keras` was saved after its backup: a process killed
     between the final save and the backup's removal finished its run (resuming from the
-    backup would train nothing while the other workers, finding the run finished, left)."""
+    backup would train nothing while the other workers, finding the run finished, left).
+
+    Told by epochs: the model's record (`read_final_model_epochs`) against the backup's. A
+    continued run's backup is of later epochs than its old model, which a copy without file
+    times (`cp -r`) can make look newer: deleting the backup then lost those epochs. Only a
+    model without a record (saved before records were written) is compared by file time.
+    """
     model, record = write_dir / "model.keras", write_dir / "backup" / "training_metadata.json"
-    return (model.is_file() and record.is_file()
-            and model.stat().st_mtime_ns >= record.stat().st_mtime_ns)
+    if not (model.is_file() and record.is_file()):
+        return False
+    model_epochs = read_final_model_epochs(model)
+    if model_epochs is not None:
+        return model_epochs >= _latest_backup_epoch(write_dir)
+    return model.stat().st_mtime_ns >= record.stat().st_mtime_ns
 
 
 def _short_hash(value):
@@ -708,22 +755,10 @@ def _train(config, output_dir, write_dir, strategy, data_dir, local_dir, make_tr
             # A new run: the user's test sets are found missing or unaligned now, not at
             # `evaluate` after the training (not on resuming: they may have moved since).
             source.check(source.test_sets())
-        if continue_from is not None and config.epochs <= initial_epoch:
-            print(f"{output_dir} holds a finished run of {initial_epoch} epoch(s); nothing to "
-                  "train (pass a larger --epochs to continue it).", flush=True)
-            return _load_finished_run(config, output_dir, continue_from, previous)
-        if continue_from is not None and time_budget_reached(
-                previous["epoch_seconds"], config.time_budget_minutes):
-            print(f"{output_dir} holds a run of {initial_epoch} epoch(s) that its time budget "
-                  f"of {config.time_budget_minutes:g} minutes stopped; nothing to train (set a "
-                  "larger time_budget_minutes to continue it).", flush=True)
-            return _load_finished_run(config, output_dir, continue_from, previous)
-        if (continue_from is not None and config.lr_cooldown and config.time_budget_minutes
-                and planned_epochs(config, previous["epoch_seconds"]) <= initial_epoch):
-            print(f"{output_dir} holds a run of {initial_epoch} epoch(s) whose learning rate "
-                  "cooled down to zero as its time budget of "
-                  f"{config.time_budget_minutes:g} minutes planned; nothing to train (set a "
-                  "larger time_budget_minutes to continue it).", flush=True)
+        finished = continue_from is not None and _nothing_to_train(config, initial_epoch,
+                                                                    previous)
+        if finished:
+            print(f"{output_dir} holds {finished}.", flush=True)
             return _load_finished_run(config, output_dir, continue_from, previous)
 
         keras.utils.set_random_seed(config.seed)
@@ -752,6 +787,17 @@ def _train(config, output_dir, write_dir, strategy, data_dir, local_dir, make_tr
     if agreed_epoch != initial_epoch:  # another worker's backup is an epoch behind
         initial_epoch = resume_epoch = agreed_epoch
         previous = read_run_history(write_dir / "history.json", initial_epoch)
+    fit_epochs = config.epochs
+    finished = continue_from is None and _nothing_to_train(config, initial_epoch, previous)
+    if finished:
+        # Its final save was cut short (a full disk, a kill) after its last epoch's backup.
+        # `fit` to `config.epochs` would train one more epoch before its callbacks check the
+        # budget and the cooldown plan: it is given none to train, and ends as the run
+        # would have ended, saving the final model and removing the backup.
+        fit_epochs = min(config.epochs, initial_epoch)
+        if chief:
+            print(f"{output_dir} holds {finished}; its final model is saved from its "
+                  "backup.", flush=True)
     if chief:
         # Killed after an epoch's checkpoints, before its backup: that epoch is trained
         # again (or, resumed to fewer epochs, not at all); `average` must not take it.
@@ -808,6 +854,7 @@ def _train(config, output_dir, write_dir, strategy, data_dir, local_dir, make_tr
             best_path=str(write_dir / "checkpoints" / "best.keras"),
             batch_size=_BLEU_BATCH_SIZE,
             target_lang=config.target_lang,
+            initial_epoch=initial_epoch,
         )
     # Several workers record the slowest one's epoch times, so that a time budget (and the
     # cooldown and late dropout it plans) decides the same on all of them.
@@ -836,7 +883,7 @@ def _train(config, output_dir, write_dir, strategy, data_dir, local_dir, make_tr
     model.fit(
         train_ds,
         validation_data=val_ds,
-        epochs=config.epochs,
+        epochs=fit_epochs,
         initial_epoch=initial_epoch,
         steps_per_epoch=steps_per_epoch,
         shuffle=False,  # the pipeline shuffles each epoch with its own seed
@@ -856,6 +903,27 @@ def _train(config, output_dir, write_dir, strategy, data_dir, local_dir, make_tr
         train_seconds=run_history.train_seconds,
         epochs_trained=len(run_history.epoch_seconds) - initial_epoch,
     )
+
+
+def _nothing_to_train(config, epochs_done, record):
+    """Why a run that trained `epochs_done` epochs (its history `record`, as
+    `read_run_history` reads it) has no epoch left to train under `config`, or `None`: its
+    `epochs` reached, its time budget, or the end of its learning-rate cooldown plan."""
+    if not epochs_done:
+        return None
+    if config.epochs <= epochs_done:
+        return (f"a finished run of {epochs_done} epoch(s); nothing to train (pass a larger "
+                "--epochs to continue it)")
+    if time_budget_reached(record["epoch_seconds"], config.time_budget_minutes):
+        return (f"a run of {epochs_done} epoch(s) that its time budget of "
+                f"{config.time_budget_minutes:g} minutes stopped; nothing to train (set a "
+                "larger time_budget_minutes to continue it)")
+    if (config.lr_cooldown and config.time_budget_minutes
+            and planned_epochs(config, record["epoch_seconds"]) <= epochs_done):
+        return (f"a run of {epochs_done} epoch(s) whose learning rate cooled down to zero as "
+                f"its time budget of {config.time_budget_minutes:g} minutes planned; nothing "
+                "to train (set a larger time_budget_minutes to continue it)")
+    return None
 
 
 def planned_epochs(config, epoch_seconds):

@@ -57,3 +57,28 @@ def test_a_vocabulary_too_small_for_the_characters_is_a_clear_error(tmp_path):
         train_sentencepiece(["A dog runs.", "Ein Hund rennt."] * 20, tmp_path / "x.model",
                             vocab_size=10, byte_fallback=True)
     assert not (tmp_path / "x.model").exists()
+
+
+def test_a_write_that_fails_leaves_the_previous_model_whole(tmp_path, train_sentences,
+                                                            monkeypatch):
+    # The model was written in place: a kill or a full disk during the write left a
+    # truncated tokenizer.model that no later run could read.
+    import errno
+    import pathlib
+
+    import pytest
+
+    subset = train_sentences[::8]
+    path = train_sentencepiece(subset, tmp_path / "tokenizer.model", vocab_size=600)
+    before = path.read_bytes()
+
+    def half_then_full_disk(self, data):
+        with open(self, "wb") as f:
+            f.write(data[: len(data) // 2])
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(pathlib.Path, "write_bytes", half_then_full_disk)
+    with pytest.raises(OSError, match="No space"):
+        train_sentencepiece(subset, path, vocab_size=600)
+    assert path.read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["tokenizer.model"]  # no partial file

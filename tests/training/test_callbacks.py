@@ -97,6 +97,43 @@ def test_resumed_run_keeps_earlier_best(tmp_path):
     assert callback.best_bleu == 50.0 and not os.path.exists(best_path)
 
 
+def test_a_resumed_run_drops_the_best_of_an_epoch_its_backup_did_not_see(tmp_path):
+    # Killed after epoch 1's best.keras and its record, before epoch 1's backup: the run
+    # trains epoch 1 again, which had to beat the score of the epoch it discarded (and the
+    # discarded weights stayed the run's best model).
+    best_path = str(tmp_path / "best.keras")
+    with open(best_path, "wb") as f:
+        f.write(b"the discarded epoch 1's model")
+    with open(best_path + ".json", "w") as f:
+        json.dump({"val_bleu": 90.0, "epoch": 1}, f)
+    callback = BleuCallback(ScriptedTranslator([["x ."] * 3]), SOURCES, REFERENCES,
+                            best_path=best_path, initial_epoch=0, verbose=0)
+    _, history = _tiny_fit([callback], epochs=1)
+    assert callback.best_bleu == history.history["val_bleu"][0] < 90.0  # the retrained epoch
+    with open(best_path + ".json") as f:
+        assert json.load(f) == {"val_bleu": history.history["val_bleu"][0], "epoch": 1}
+    keras.saving.load_model(best_path)  # the retrained epoch's model
+
+
+def test_a_resumed_run_drops_the_best_model_of_a_later_epoch_even_untrained(tmp_path):
+    # Resumed to no further epoch (fewer --epochs), the discarded epoch's model must not
+    # remain the run's best.
+    best_path = str(tmp_path / "best.keras")
+    with open(best_path, "wb") as f:
+        f.write(b"the discarded epoch 3's model")
+    with open(best_path + ".json", "w") as f:
+        json.dump({"val_bleu": 90.0, "epoch": 3}, f)
+    callback = BleuCallback(ScriptedTranslator([]), SOURCES, REFERENCES, best_path=best_path,
+                            initial_epoch=2, verbose=0)
+    callback.on_train_begin()
+    assert callback.best_bleu is None and os.listdir(tmp_path) == []
+    # A record of the epoch resumed after, or an earlier one, is the run's best.
+    with open(best_path + ".json", "w") as f:
+        json.dump({"val_bleu": 40.0, "epoch": 2}, f)
+    callback.on_train_begin()
+    assert callback.best_bleu == 40.0
+
+
 def test_invalid_arguments_raise():
     with pytest.raises(ValueError, match="same length"):
         BleuCallback(lambda s: s, ["a"], [], best_path=None)

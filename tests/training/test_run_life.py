@@ -19,6 +19,7 @@ from keras_transformer.training.trainer import (
     epoch_seed,
     is_run_directory,
     planned_epochs,
+    prepare_tokenizers,
     train,
 )
 
@@ -304,6 +305,81 @@ def test_budgeted_cooldown_plans_the_schedule_and_a_cooled_run_is_finished(
     assert "cooled down to zero" in out and "nothing to train" in out
     assert read_run_history(tmp_path / "run" / "history.json")["epochs"] == 3
     assert (tmp_path / "run" / "config.json").read_text() == config_file  # nothing written
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stop", ["budget", "cooldown"])
+def test_a_run_its_budget_ended_whose_final_save_failed_trains_no_more(
+        tmp_path, multi30k_tfds_dir, monkeypatch, capsys, stop):
+    # The final model.keras save cut short (a full disk, a kill): resumed from its backup, the
+    # run trained one more epoch past its budget (after a cooldown, at a rate of 0) and
+    # history.json recorded it, so `average --last N` took other epochs than an
+    # uninterrupted run's.
+    import errno
+
+    from keras_transformer.training.callbacks import FinalModelSaver
+
+    config = get_preset("tiny").replace(
+        epochs=3, steps_per_epoch=None, train_subset=160, bleu_sentences=0,
+        time_budget_minutes=1e-8 if stop == "budget" else 1000.0,
+        lr_cooldown=0.5 if stop == "cooldown" else 0.0,
+    )
+    run_dir = tmp_path / "run"
+
+    def full_disk(self, logs=None):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(FinalModelSaver, "on_train_end", full_disk)
+        with pytest.raises(OSError, match="No space"):
+            train(config, run_dir, data_dir=multi30k_tfds_dir, strategy="default",
+                  report_padding=False, verbose=0)
+    assert (run_dir / "backup").is_dir() and not (run_dir / "model.keras").exists()
+    if stop == "cooldown":
+        # As in the test above: epochs of 30, 10 and 10 s planned 3 epochs within 1.5
+        # minutes; the budget alone would allow a fourth, but the rate is already zero.
+        history = json.loads((run_dir / "history.json").read_text())
+        history["epoch_seconds"] = [30.0, 10.0, 10.0]
+        (run_dir / "history.json").write_text(json.dumps(history))
+        config = config.replace(epochs=5, time_budget_minutes=1.5)
+    epochs = read_run_history(run_dir / "history.json")["epochs"]
+    assert epochs == (1 if stop == "budget" else 3)
+    capsys.readouterr()
+
+    resumed = train(config, run_dir, data_dir=multi30k_tfds_dir, strategy="default",
+                    report_padding=False, verbose=0)
+    assert "nothing to train" in capsys.readouterr().out
+    assert resumed.epochs_trained == 0
+    assert read_run_history(run_dir / "history.json")["epochs"] == epochs
+    # Finished as an uninterrupted run is: its final model saved, its backup gone.
+    assert (run_dir / "model.keras").is_file() and not (run_dir / "backup").exists()
+
+
+def test_a_vocabulary_cut_short_is_trained_again_unless_an_epoch_used_it(tmp_path, capsys):
+    # tokenizer.model was written in place: a kill or a full disk during the write left a
+    # truncated file, and every later run failed to read it (a SentencePiece RuntimeError, or
+    # a misleading "gives the reserved ids other roles").
+    from tests.text.conftest import read_lines
+
+    pairs = [{"en": en, "de": de} for en, de in zip(read_lines("train", "en")[:200],
+                                                      read_lines("train", "de")[:200])]
+    config = get_preset("tiny").replace(source_lang="en", target_lang="de")
+    prepare_tokenizers(config, pairs, tmp_path)
+    model = tmp_path / "tokenizer" / "tokenizer.model"
+    whole = model.read_bytes()
+
+    model.write_bytes(whole[: len(whole) // 2])
+    source, _ = prepare_tokenizers(config, pairs, tmp_path)  # nothing trained with it yet
+    assert "trained again" in capsys.readouterr().out
+    assert model.read_bytes() == whole and source.vocab_size == config.vocab_size
+
+    # Once an epoch was trained, the model's ids are that vocabulary's pieces: refused.
+    model.write_bytes(whole[: len(whole) // 2])
+    (tmp_path / "checkpoints").mkdir()
+    (tmp_path / "checkpoints" / "last.keras").write_bytes(b"epoch 1")
+    with pytest.raises(ValueError, match=r"(?s)tokenizer\.model cannot be read.*--overwrite"):
+        prepare_tokenizers(config, pairs, tmp_path)
+    assert model.read_bytes() == whole[: len(whole) // 2]
 
 
 def test_late_dropout_raises_the_rates_after_its_epochs(tmp_path, multi30k_tfds_dir, capsys):

@@ -117,3 +117,33 @@ def test_a_run_killed_after_its_final_save_is_finished(tmp_path):
     later = (tmp_path / "model.keras").stat().st_mtime_ns + 10**9
     os.utime(record, ns=(later, later))  # a backup of a continued run, after the old model
     assert not trainer._finished_after_backup(tmp_path)
+
+
+def test_a_copied_run_tells_its_final_model_from_its_backup_by_epoch(tmp_path):
+    # A copy that does not keep file times (`cp -r`, rsync without -t) can make the old
+    # model.keras of a continued run look newer than its backup: the backup was deleted
+    # and its epochs lost. The final model's record says which epoch it holds.
+    import os
+
+    import keras
+
+    from keras_transformer.training.callbacks import FinalModelSaver, RunHistory
+
+    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+    saver = FinalModelSaver(tmp_path / "model.keras", run_history=RunHistory(
+        tmp_path / "history.json", initial={"epoch_seconds": [1.0] * 3}))
+    saver.set_model(model)
+    saver.on_train_end()  # a run finished after 3 epochs
+    _backup(tmp_path, 4)  # continued, and killed after epoch 4's backup
+    record = tmp_path / "backup" / "training_metadata.json"
+    later = record.stat().st_mtime_ns + 10**9
+    os.utime(tmp_path / "model.keras", ns=(later, later))  # the copy's times
+    assert not trainer._finished_after_backup(tmp_path)
+
+    # Killed between the final save of epoch 4 and the backup's removal: finished, whatever
+    # the times say.
+    saver.run_history.epoch_seconds.append(1.0)
+    saver.on_train_end()
+    earlier = record.stat().st_mtime_ns - 10**9
+    os.utime(tmp_path / "model.keras", ns=(earlier, earlier))
+    assert trainer._finished_after_backup(tmp_path)
