@@ -30,6 +30,7 @@ with the server's error message when a request fails for good.
 """
 
 import argparse
+import http.client
 import json
 import re
 import sys
@@ -114,8 +115,15 @@ def predict_rest(sentences, server=DEFAULT_REST_SERVER, model=DEFAULT_MODEL,
     except (urllib.error.URLError, OSError) as error:
         # Refused or reset (a server restarting) is worth a retry; a timeout is not (the
         # same slow batch again, adding to the server's load).
-        timed_out = isinstance(getattr(error, "reason", error), TimeoutError)
-        raise ServerError(f"Cannot reach {url}: {error}", retryable=not timed_out) from error
+        if isinstance(getattr(error, "reason", error), TimeoutError):
+            raise ServerError(f"{url} did not answer within --timeout {timeout:g} seconds",
+                              retryable=False) from error
+        raise ServerError(f"Cannot reach {url}: {error}", retryable=True) from error
+    except http.client.HTTPException as error:
+        # A reply cut short (a connection closed mid-body), or not HTTP/1 (the gRPC port).
+        raise ServerError(f"{url} answered with a broken HTTP reply ({type(error).__name__}: "
+                          f"{error}); is it TF Serving's REST port?",
+                          retryable=isinstance(error, http.client.IncompleteRead)) from error
     # A proxy's page or a server of another kind: said in one line, not a traceback.
     try:
         document = json.loads(text)
@@ -135,13 +143,17 @@ def predict_rest(sentences, server=DEFAULT_REST_SERVER, model=DEFAULT_MODEL,
         if "translation" not in prediction:
             raise ServerError(f"{url} answered a prediction with no 'translation': "
                               f"{str(prediction)[:200]} (is --signature a translate one?)")
-        results.append({
-            "translation": prediction["translation"],
-            "score": float(prediction.get("score", float("nan"))),
-            "length": int(prediction.get("length", -1)),
-            "truncated": bool(prediction.get("truncated", False)),
-            "unfinished": bool(prediction.get("unfinished", False)),
-        })
+        try:
+            results.append({
+                "translation": prediction["translation"],
+                "score": float(prediction.get("score", float("nan"))),
+                "length": int(prediction.get("length", -1)),
+                "truncated": bool(prediction.get("truncated", False)),
+                "unfinished": bool(prediction.get("unfinished", False)),
+            })
+        except (TypeError, ValueError) as error:  # a null or text score, say
+            raise ServerError(f"{url} answered a prediction with a field of the wrong type "
+                              f"({error}): {str(prediction)[:200]}") from None
     return results
 
 
@@ -281,6 +293,13 @@ def _positive(text):
     return value
 
 
+def _seconds(text):
+    value = float(text)
+    if not 0 < value < float("inf"):  # NaN too
+        raise argparse.ArgumentTypeError(f"must be a number of seconds above 0, got {text}")
+    return value
+
+
 def _non_negative(text):
     value = int(text)
     if value < 0:
@@ -305,7 +324,7 @@ def _parse_args(argv):
                         help="sentences per request (default %(default)s, the server's "
                              "max_batch_size in export/batching_parameters.txt; a request "
                              "the server refuses as larger is sent in requests of its size)")
-    parser.add_argument("--timeout", type=float, default=60.0,
+    parser.add_argument("--timeout", type=_seconds, default=60.0,
                         help="seconds per request (default %(default)s)")
     parser.add_argument("--retries", type=_non_negative, default=3,
                         help="retries of a request the server cannot take now (queue full, "

@@ -8,6 +8,7 @@ import json
 import os
 import pathlib
 import shutil
+import stat
 import sys
 import time
 
@@ -18,6 +19,17 @@ DEFAULT_PRESET = "quick"  # `train` without --preset, --config or an existing ru
 PRECISIONS = {"none": None, "float32": None, "bf16": "mixed_bfloat16",
               "mixed_bfloat16": "mixed_bfloat16", "fp16": "mixed_float16",
               "mixed_float16": "mixed_float16", "auto": "auto"}
+
+
+def _count_or_zero(text):
+    """argparse type: an integer >= 0 (a number of examples to show)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return value
 
 
 def _count(text):
@@ -81,19 +93,27 @@ def _split_files(paths, flag):
     return resolved
 
 
-def _data_overrides(args):
-    """Config overrides of train's data flags: `data`, `data_files`, languages."""
+def _data_overrides(args, source_lang=None, target_lang=None):
+    """Config overrides of train's data flags: `data`, `data_files`, languages.
+
+    `source_lang`/`target_lang` are the languages the configuration already gives (`--set`,
+    `--config`): `--source-lang`/`--target-lang` replace them, file names (`train.fr`) only
+    fill in what neither gives, and every split's files must not be named the other way
+    round.
+    """
     overrides = {}
     if args.source_lang:
         overrides["source_lang"] = args.source_lang
     if args.target_lang:
         overrides["target_lang"] = args.target_lang
+    source_lang = args.source_lang or source_lang
+    target_lang = args.target_lang or target_lang
     data = args.data
     if args.train:
         files = {"train": _split_files(args.train, "--train")}
         if args.valid:
             files["validation"] = _split_files(args.valid, "--valid")
-        from keras_transformer.data.sources import VALIDATION_NAMES
+        from keras_transformer.data.sources import VALIDATION_NAMES, check_file_directions
 
         for test in args.test or []:
             name, equals, paths = test.partition("=")
@@ -112,23 +132,27 @@ def _data_overrides(args):
         data = data or ("files" if shapes == {2} else "tsv")
         if data not in ("files", "tsv"):
             raise SystemExit(f"--train/--valid/--test go with --data files or tsv, not {data}.")
+        if shapes != {2 if data == "files" else 1}:
+            raise SystemExit(
+                "--data files takes SRC TGT files for every split (--train SRC TGT, --test "
+                "NAME=SRC,TGT)" if data == "files" else
+                "--data tsv takes one file for every split (--train TSV, --test NAME=TSV)")
         overrides["data_files"] = {k: v if data == "files" else v[0] for k, v in files.items()}
         if data == "files":  # languages from the file names (train.fr) unless given
             from keras_transformer.languages import language_from_path
 
             named = [language_from_path(path) for path in files["train"]]
-            if (args.source_lang and args.target_lang
-                    and named == [args.target_lang, args.source_lang]):
-                raise SystemExit(
-                    f"--train gives {args.train[0]} ({named[0]}) as the source but --source-lang "
-                    f"{args.source_lang} --target-lang {args.target_lang} say the other way "
-                    "round: give the source file first.")
-            for key, language in zip(("source_lang", "target_lang"), named):
-                overrides.setdefault(key, language)
-            if not (overrides["source_lang"] and overrides["target_lang"]):
-                raise SystemExit("Could not tell the languages from the file names: pass "
-                                 "--source-lang and --target-lang.")
-        elif not (args.source_lang and args.target_lang):
+            try:
+                check_file_directions({"train": files["train"]}, source_lang, target_lang)
+                source_lang, target_lang = source_lang or named[0], target_lang or named[1]
+                if not (source_lang and target_lang):
+                    raise SystemExit("Could not tell the languages from the file names: pass "
+                                     "--source-lang and --target-lang.")
+                check_file_directions(files, source_lang, target_lang)
+            except ValueError as error:
+                raise SystemExit(str(error)) from None
+            overrides.update(source_lang=source_lang, target_lang=target_lang)
+        elif not (source_lang and target_lang):
             raise SystemExit("A TSV file does not say its languages: pass --source-lang and "
                              "--target-lang.")
     elif args.valid or args.test:
@@ -141,8 +165,8 @@ def _data_overrides(args):
     if data:
         overrides["data"] = data
         if data.startswith("tfds:"):  # languages from the dataset unless given
-            overrides.setdefault("source_lang", None)
-            overrides.setdefault("target_lang", None)
+            overrides.setdefault("source_lang", source_lang)
+            overrides.setdefault("target_lang", target_lang)
     return overrides
 
 
@@ -173,7 +197,8 @@ def _load_config(args):
     else:
         config = get_preset(DEFAULT_PRESET)
     overrides = _parse_overrides(args.set)
-    overrides.update(_data_overrides(args))
+    overrides.update(_data_overrides(args, **{
+        key: overrides.get(key, getattr(config, key)) for key in ("source_lang", "target_lang")}))
     if args.epochs is not None:
         overrides["epochs"] = args.epochs
     if args.mixed_precision is not None:
@@ -223,7 +248,9 @@ def _overwrite(output, worker_index):
             f"Refusing to delete {output}: it is not a run directory (no config.json and "
             "checkpoints from `keras-transformer train`). Choose another --output."
         )
-    for entry in output.iterdir():
+    # config.json last: it marks the directory as a run, so an --overwrite interrupted
+    # (Ctrl-C, an OSError) is one that --overwrite can run again.
+    for entry in sorted(output.iterdir(), key=lambda entry: entry.name == "config.json"):
         if entry.name.startswith(WORKER_TEMP_PREFIX):
             continue
         if entry.is_dir() and not entry.is_symlink():
@@ -412,14 +439,28 @@ def _progress_bar(args, total, streams_output=True):
     return ProgressBar(total) if show and total is not None else None
 
 
+def _is_standard_input(path):
+    """Whether `path` is the file the standard input reads (`< path`)."""
+    try:
+        return os.path.samestat(os.fstat(sys.stdin.fileno()), os.stat(path))
+    except (AttributeError, OSError, ValueError):  # no file behind stdin (a test's, closed)
+        return False
+
+
 def cmd_translate(args):
     from keras_transformer.export.inference import ExportedTranslator, count_lines, iter_lines
 
-    if args.output and args.input != "-" and os.path.exists(args.output) and (
-            os.path.samefile(args.input, args.output)):
-        raise SystemExit(f"--output {args.output} is the --input file: translating it would "
-                         "empty it before it is read. Write to another file.")
-    total = count_lines(args.input) if args.input != "-" else None  # a missing file fails now
+    if args.output and os.path.exists(args.output):
+        if args.input != "-" and os.path.samefile(args.input, args.output):
+            raise SystemExit(f"--output {args.output} is the --input file: translating it "
+                             "would empty it before it is read. Write to another file.")
+        if args.input == "-" and _is_standard_input(args.output):
+            raise SystemExit(f"--output {args.output} is the standard input (`< "
+                             f"{args.output}`): translating it would empty it before it is "
+                             "read. Write to another file.")
+    total = None  # a missing file fails now; a pipe (`<(zcat f.gz)`) is read once, uncounted
+    if args.input != "-" and stat.S_ISREG(os.stat(args.input).st_mode):
+        total = count_lines(args.input)
     translator = ExportedTranslator(args.export, signature=args.signature)
     progress = _progress_bar(args, total)
     if args.output:
@@ -445,6 +486,12 @@ def cmd_translate(args):
             out.write(result["translation"] + "\n")
             if not args.output or not args.output.endswith(".gz"):
                 out.flush()  # (a gzip stream would compress each line on its own)
+    except BaseException:
+        if args.output:  # a whole file of fewer lines: say so, it does not
+            of = f" of {total}" if total is not None else ""
+            print(f"\n{args.output} holds the translations of the first {lines}{of} lines "
+                  "only.", file=sys.stderr, flush=True)
+        raise
     finally:
         if progress:
             progress.close()
@@ -503,6 +550,15 @@ def _data_spec(record):
         ("target_lang", "de"))}
 
 
+def _recorded_direction(metadata):
+    """`(source_lang, target_lang)` an export's metadata record names (itself or its
+    training config), or None when it names neither language."""
+    config = metadata.get("training_config") or {}
+    direction = tuple(metadata.get(key) or config.get(key)
+                      for key in ("source_lang", "target_lang"))
+    return direction if all(direction) else None
+
+
 def _evaluation_pairs(args, metadata):
     """`(sources, references, description, target language or None)` that `evaluate`
     scores.
@@ -525,8 +581,16 @@ def _evaluation_pairs(args, metadata):
         from keras_transformer.export.inference import read_export_metadata
 
         sources, references = _read_parallel(args.src, args.ref)
+        metadata = read_export_metadata(args.export)
+        direction = _recorded_direction(metadata)
+        named = (language_from_path(args.src), language_from_path(args.ref))
+        if direction and direction[0] != direction[1] and named == direction[::-1]:
+            raise SystemExit(
+                f"{args.export} translates {direction[0]}->{direction[1]}, but --src {args.src} "
+                f"({named[0]}) and --ref {args.ref} ({named[1]}) are named the other way "
+                f"round: give the {direction[0]} file as --src.")
         # The language BLEU is tokenized for: said, the export's, or the --ref file's name.
-        target_lang = (args.target_lang or read_export_metadata(args.export).get("target_lang")
+        target_lang = (args.target_lang or metadata.get("target_lang")
                        or language_from_path(args.ref))
         return sources, references, f"{args.src} -> {args.ref}", target_lang
     from keras_transformer.data import open_source
@@ -540,6 +604,14 @@ def _evaluation_pairs(args, metadata):
             "`data` entry in its metadata): evaluate it with --src FILE --ref FILE, or name "
             "Multi30K's languages with --source-lang and --target-lang."
         )
+    direction = _recorded_direction(metadata)
+    for flag, given, recorded in zip(("--source-lang", "--target-lang"),
+                                     (args.source_lang, args.target_lang), direction or ()):
+        if given and given != recorded:
+            raise SystemExit(
+                f"{args.export} translates {direction[0]}->{direction[1]}: {flag} {given} would "
+                "score it on another direction. Leave out --source-lang/--target-lang (a "
+                "split is read in the export's direction).")
     spec = _data_spec(metadata)
     spec["source_lang"] = args.source_lang or spec["source_lang"]
     spec["target_lang"] = args.target_lang or spec["target_lang"]
@@ -556,6 +628,11 @@ def _evaluation_pairs(args, metadata):
 def cmd_evaluate(args):
     from keras_transformer.export.inference import read_export_metadata
 
+    if args.json and not os.path.isdir(os.path.dirname(os.path.abspath(args.json))):
+        raise SystemExit(f"--json {args.json}: its directory does not exist (the scores would "
+                         "be lost after the translation).")
+    if hasattr(sys.stdout, "reconfigure"):
+        sys.stdout.reconfigure(encoding="utf-8")  # --show's examples in a C locale
     # The metadata file, not the SavedModel: bad input is refused before the model loads.
     files_given = args.src or args.ref
     sources, references, description, target_lang = _evaluation_pairs(
@@ -772,7 +849,7 @@ def build_parser():
     evaluate.add_argument("--signature", default="translate")
     evaluate.add_argument("--batch-size", type=_count, default=64)
     evaluate.add_argument("--limit", type=_count, help="only the first N sentences")
-    evaluate.add_argument("--show", type=int, default=0, help="print N examples")
+    evaluate.add_argument("--show", type=_count_or_zero, default=0, help="print N examples")
     evaluate.add_argument("--json", help="write the scores to this file")
     evaluate.add_argument("--progress", action=argparse.BooleanOptionalAction,
                           help="progress bar on stderr (default: when stderr is a terminal)")

@@ -6,10 +6,12 @@ the translator of an export (`keras_transformer.export.inference`, which must no
 TensorFlow Datasets) both read files with it.
 """
 
+import contextlib
 import gzip
 import hashlib
 import os
 import pathlib
+import zlib
 
 # A UTF-8 byte order mark, which some Windows editors write at the start of a file.
 UTF8_BOM = b"\xef\xbb\xbf"
@@ -37,7 +39,12 @@ def file_digest(path):
 def decode_utf8(raw, where, error=ValueError):
     """Decodes UTF-8 bytes; on bytes that are not UTF-8 raises `error` (a `ValueError`
     class: training's readers pass `DataError`) naming `where` (file:line), the byte and how
-    to convert the file."""
+    to convert the file.
+
+    UTF-16 (Windows' "Unicode" text) is named as such: its byte order mark is not UTF-8, and
+    without one its ASCII letters are, each followed by a NUL byte, which no sentence holds.
+    """
+    check_not_utf16(raw, where, error)
     try:
         return raw.decode("utf-8")
     except UnicodeDecodeError as bad:
@@ -47,10 +54,35 @@ def decode_utf8(raw, where, error=ValueError):
         ) from bad
 
 
-def open_binary(path):
-    """Opens a plain or `.gz` file for reading bytes."""
+def check_not_utf16(raw, where, error=ValueError):
+    """Raises `error` naming `where` (file:line) when a line's bytes are UTF-16's (a byte
+    order mark, or NUL bytes, which no text line holds), even where other bytes that are not
+    UTF-8 are replaced: UTF-16 read as UTF-8 is every sentence garbled, not one bad byte."""
+    if raw.startswith((b"\xff\xfe", b"\xfe\xff")) or b"\x00" in raw:
+        raise error(
+            f"{where}: NUL bytes or a UTF-16 byte order mark: the file looks like UTF-16, not "
+            "UTF-8. Convert it (e.g. `iconv -f utf-16 -t utf-8`).")
+
+
+@contextlib.contextmanager
+def open_binary(path, error=ValueError):
+    """Opens a plain or `.gz` file for reading bytes (a context manager).
+
+    A damaged `.gz` file (cut short by a download, or not gzip at all) raises `error` (a
+    `ValueError` class) naming the file, where gzip's own errors name none (an `EOFError`
+    traceback, "Not a gzipped file (b'un')").
+    """
     path = os.fspath(path)
-    return gzip.open(path, "rb") if path.endswith(".gz") else open(path, "rb")
+    if not path.endswith(".gz"):
+        with open(path, "rb") as file:
+            yield file
+        return
+    try:
+        with gzip.open(path, "rb") as file:
+            yield file
+    except (EOFError, zlib.error, gzip.BadGzipFile) as bad:
+        raise error(f"{path} is not a readable gzip file ({bad or type(bad).__name__}): a "
+                    "download cut short, or a plain file named .gz?") from bad
 
 
 def open_text_output(path):
@@ -62,13 +94,14 @@ def open_text_output(path):
     return open(path, "w", encoding="utf-8")
 
 
-def count_lines(path):
+def count_lines(path, error=ValueError):
     """Counts the lines of a plain or `.gz` file by scanning bytes (constant memory).
 
     A last line without a final newline counts as a line; an empty file has 0 lines.
 
     Args:
         path: str or path-like.
+        error: the `ValueError` class raised for a damaged `.gz` file (`open_binary`).
 
     Returns:
         int, the number of lines.
@@ -81,7 +114,7 @@ def count_lines(path):
     3
     """
     lines, last = 0, b"\n"
-    with open_binary(path) as f:
+    with open_binary(path, error) as f:
         while chunk := f.read(_READ_CHUNK):
             lines += chunk.count(b"\n")
             last = chunk[-1:]

@@ -68,6 +68,33 @@ def test_translate_refuses_to_write_over_its_input(tmp_path):
     assert document.read_text() == "A dog runs.\nTwo men talk.\n"
 
 
+def test_translate_refuses_to_write_over_its_standard_input(tmp_path, monkeypatch):
+    # `translate --output doc.txt < doc.txt` emptied the document before reading it.
+    import sys
+
+    document = tmp_path / "doc.txt"
+    document.write_text("A dog runs.\nTwo men talk.\n")
+    with open(document, encoding="utf-8") as stdin:
+        monkeypatch.setattr(sys, "stdin", stdin)
+        _refused(["translate", "--export", str(tmp_path / "missing"), "--output",
+                  str(document)], "doc.txt is the standard input")
+    assert document.read_text() == "A dog runs.\nTwo men talk.\n"
+
+
+def test_evaluate_refuses_a_json_path_it_cannot_write_before_translating(tmp_path):
+    # `--json nodir/scores.json` failed after the whole translation and the printed scores.
+    f = _corpus(tmp_path)
+    _refused(["evaluate", "--export", str(tmp_path / "missing"), "--src", f("test.fr"),
+              "--ref", f("test.en"), "--json", str(tmp_path / "nodir" / "s.json")], "nodir")
+
+
+def test_a_negative_show_is_refused_by_the_parser(capsys):
+    # `evaluate --show -1` printed every example but the last (a slice to -1).
+    with pytest.raises(SystemExit) as error:
+        main(["evaluate", "--export", "e", "--show", "-1"])
+    assert error.value.code == 2 and "must be >= 0" in capsys.readouterr().err
+
+
 def test_export_refuses_an_existing_version_as_its_base_directory(tmp_path):
     version = tmp_path / "exports" / "1"
     version.mkdir(parents=True)
@@ -241,7 +268,7 @@ def test_languages_that_contradict_the_file_names_are_refused(tmp_path):
     f = _corpus(tmp_path)
     _refused(["train", "--preset", "tiny", "--output", str(tmp_path / "run"), "--train",
               f("train.fr"), f("train.en"), "--source-lang", "en", "--target-lang", "fr"],
-             "train.fr", "--source-lang en", "source file first")
+             "train.fr", "source_lang='en'", "source file first")
     assert not (tmp_path / "run").exists()
 
 
@@ -288,3 +315,41 @@ def test_evaluate_refuses_split_options_with_its_own_files(tmp_path):
     for extra in (["--split", "news"], ["--source-lang", "fr"], ["--data-dir", "x"],
                   ["--tfds-dir", "x"]):
         _refused(base + extra, extra[0], "--src/--ref")
+
+
+def test_valid_or_test_files_named_the_other_way_round_are_refused(tmp_path):
+    # Only --train's order was checked: --valid dev.en dev.fr for a fr->en run chose
+    # best.keras on en->fr pairs, and `evaluate --split news` fed the model English.
+    f = _corpus(tmp_path)
+    base = ["train", "--preset", "tiny", "--output", str(tmp_path / "run"),
+            "--train", f("train.fr"), f("train.en")]
+    _refused(base + ["--valid", f("val.en"), f("val.fr")], "val.en", "source file first")
+    _refused(base + ["--test", f"news={f('test.en')},{f('test.fr')}"], "test.en",
+             "source file first")
+    assert not (tmp_path / "run").exists()
+
+
+def test_evaluate_refuses_a_direction_other_than_the_exports(tmp_path):
+    # `evaluate --src test.en --ref test.fr` on a fr->en export, or `--split test
+    # --source-lang de --target-lang en` on an en->de one, fed the model the language it
+    # translates into and printed a BLEU near 0 without a word.
+    import json
+
+    f = _corpus(tmp_path)
+    version = tmp_path / "export" / "1"
+    (version / "assets.extra").mkdir(parents=True)
+    (version / "saved_model.pb").write_bytes(b"")
+    record = version / "assets.extra" / "translator.json"
+    export = str(tmp_path / "export")
+    record.write_text(json.dumps({"data": "files", "source_lang": "fr", "target_lang": "en"}))
+    _refused(["evaluate", "--export", export, "--src", f("test.en"), "--ref", f("test.fr")],
+             "test.en", "fr->en")
+    message = _refused(["evaluate", "--export", export, "--src", f("test.fr"), "--ref",
+                        f("test.en")], "SavedModel")
+    assert "fr->en" not in message
+    record.write_text(json.dumps({"data": "multi30k", "source_lang": "en",
+                                  "target_lang": "de"}))
+    _refused(["evaluate", "--export", export, "--split", "test", "--source-lang", "de",
+              "--target-lang", "en"], "en->de", "--source-lang de")
+    _refused(["evaluate", "--export", export, "--split", "test", "--target-lang", "fr"],
+             "en->de", "--target-lang fr")

@@ -49,6 +49,30 @@ def test_overwrite_deletes_a_run_but_other_workers_directories(tmp_path):
     _overwrite(tmp_path / "missing", worker_index=None)  # nothing to delete is fine
 
 
+def test_an_interrupted_overwrite_can_be_run_again(tmp_path, monkeypatch):
+    # Ctrl-C (or an OSError) while --overwrite deleted a run, after its config.json was gone,
+    # left a directory that --overwrite refused as "not a run directory" and a plain rerun
+    # as a directory of other files: config.json, what marks a run, now goes last.
+    for name in ("config.json", "history.json", "model.keras"):
+        (tmp_path / name).write_text("{}")
+    (tmp_path / "checkpoints").mkdir()
+    listed = pathlib.Path.iterdir
+    monkeypatch.setattr(pathlib.Path, "iterdir", lambda self: iter(
+        sorted(listed(self), key=lambda entry: entry.name != "config.json")))
+    removed = shutil.rmtree
+
+    def interrupted(path, *args, **kwargs):
+        monkeypatch.setattr(shutil, "rmtree", removed)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(shutil, "rmtree", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        _overwrite(tmp_path, worker_index=None)
+    assert (tmp_path / "config.json").exists()
+    _overwrite(tmp_path, worker_index=None)
+    assert os.listdir(tmp_path) == []
+
+
 @pytest.mark.parametrize("cluster, task, temp", [
     ({"worker": ["a:1", "b:2"]}, {"type": "worker", "index": 1}, "workertemp_1"),
     # With a `chief` task, worker 0 is not the chief: its directory is workertemp_0.
@@ -192,6 +216,22 @@ def test_make_run_does_not_overwrite_unless_fresh():
     assert dry.returncode == 0, dry.stderr
     assert "--overwrite" not in dry.stdout
     assert "--overwrite" in _make("-n", "run", "STAMP=", "FRESH=1").stdout
+
+
+@pytest.mark.skipif(shutil.which("make") is None, reason="needs make")
+def test_make_run_exports_again_after_an_interrupted_export(tmp_path):
+    # An export killed or interrupted left RUN/export without a version inside, newer than
+    # model.keras: every later `make run` reused it and its evaluation failed.
+    run = tmp_path / "run"
+    (run / "export" / ".tmp-1-123").mkdir(parents=True)
+    (run / "model.keras").write_text("")
+    os.utime(run / "model.keras", ns=(1, 1))
+    made = _make("run", "PY=true", "STAMP=", f"RUN_DIR={run}")
+    assert made.returncode == 0, made.stderr
+    assert "Reusing the export" not in made.stdout and "export --model" in made.stdout
+    (run / "export" / "1").mkdir(parents=True)
+    (run / "evaluation.txt").write_text("BLEU")
+    assert "Reusing the export" in _make("run", "PY=true", "STAMP=", f"RUN_DIR={run}").stdout
 
 
 @pytest.mark.slow

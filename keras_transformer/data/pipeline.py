@@ -74,7 +74,7 @@ def batch_plan(max_length, batch_size=64, tokens_per_batch=None, bucket_boundari
     return [], [max(batch_multiple, batch_size // batch_multiple * batch_multiple)]
 
 
-def count_batches(lengths, boundaries, sizes, drop_remainder=False):
+def count_batches(lengths, boundaries, sizes, drop_remainder=False, counts=None):
     """Batches of one pass, from the example lengths alone (the order does not matter).
 
     Each bucket of `bucket_by_sequence_length` (or the single `padded_batch`) emits
@@ -87,6 +87,8 @@ def count_batches(lengths, boundaries, sizes, drop_remainder=False):
         boundaries: list of int, bucket edges (`[]` for no bucketing).
         sizes: list of int, batch size per bucket.
         drop_remainder: bool, as in `make_translation_dataset`.
+        counts: array-like of int or None, how many examples have each of `lengths` (a
+            histogram, so that memory does not grow with the corpus); None: one each.
 
     Returns:
         int, the number of batches.
@@ -101,7 +103,8 @@ def count_batches(lengths, boundaries, sizes, drop_remainder=False):
     lengths = np.asarray(lengths, dtype=np.int64)
     # bucket i holds lengths in [b[i-1], b[i]), as in `bucket_by_sequence_length`.
     buckets = np.searchsorted(np.asarray(boundaries, dtype=np.int64), lengths, side="right")
-    counts = np.bincount(buckets, minlength=len(sizes))
+    counts = np.bincount(buckets, minlength=len(sizes), weights=(
+        None if counts is None else np.asarray(counts, dtype=np.float64))).astype(np.int64)
     if drop_remainder:
         return int(sum(n // size for n, size in zip(counts, sizes)))
     return int(sum(-(-n // size) for n, size in zip(counts, sizes)))

@@ -147,19 +147,22 @@ def scan_split(source, split, source_tokenizer, target_tokenizer, max_length, ba
     boundaries, sizes = batch_plan(
         max_length, batching.get("batch_size") or 64, batching.get("tokens_per_batch"),
         batching.get("bucket_boundaries"), batching.get("batch_multiple", 1))
-    num_batches = count_batches(np.repeat(np.arange(max_length + 1), histogram), boundaries,
-                                sizes, batching.get("drop_remainder", False))
+    num_batches = count_batches(np.arange(max_length + 1), boundaries, sizes,
+                                batching.get("drop_remainder", False), counts=histogram)
     if num_batches == 0:
         raise DataError(f"{report.origin} gives no complete batch: {report}")
     return report, num_batches
 
 
-def _file_stats(spec):
-    """`{path: [size, mtime_ns]}` of a source's local files (`data_files`), so that a
-    report counted before the files were edited is not reused; `{}` for other sources."""
+def _file_stats(spec, splits):
+    """`{path: [size, mtime_ns]}` of a source's local files (`data_files`) of `splits` (those
+    the report counts: a test set, neither counted nor trained on, may be corrected during a
+    run), so that a report counted before the files were edited is not reused; `{}` for
+    other sources."""
     paths = []
-    for entry in (spec.get("data_files") or {}).values():
-        paths.extend([entry] if isinstance(entry, str) else entry)
+    for split, entry in (spec.get("data_files") or {}).items():
+        if split in splits:
+            paths.extend([entry] if isinstance(entry, str) else entry)
     stats = {}
     for path in paths:
         try:
@@ -176,8 +179,8 @@ def _check_unchanged(cached, stats):
     the old content, and resuming would mix the two silently."""
     old_stats = cached.fingerprint.get("files", {})
     for path, digest in cached.digests.items():
-        if stats.get(path) == old_stats.get(path) or not os.path.isfile(path):
-            continue  # unchanged, or missing (reading it will say so)
+        if path not in stats or stats[path] == old_stats.get(path):
+            continue  # a test set (older reports hold theirs), unchanged, or missing
         if file_digest(path) != digest:
             raise DataError(
                 f"{path} changed since this run started: its content is not what the run's "
@@ -219,7 +222,7 @@ def prepare_data_report(source, config, source_tokenizer, target_tokenizer, outp
                     batch_multiple=replicas)
     fingerprint = dict(source=source.spec(), max_length=config.max_length,
                        train_subset=config.train_subset, drop_long=config.drop_long_pairs,
-                       files=_file_stats(source.spec()), **batching)
+                       files=_file_stats(source.spec(), splits), **batching)
     path = pathlib.Path(output_dir) / REPORT_FILENAME
     if path.is_file():
         try:

@@ -16,6 +16,8 @@ What happens to bad input (the same rules for parallel files, TSV and TFDS datas
 | CRLF line endings                            | repaired (the `\\r` removed), counted as `crlf` |
 | a UTF-8 byte order mark at the start of a file | repaired (removed), counted as `bom`         |
 | invalid UTF-8 bytes                          | `DataError` with file, line number and byte    |
+| UTF-16 text (a byte order mark, NUL bytes)   | `DataError` with file and line, and the fix    |
+| a damaged `.gz` file (cut short, not gzip)   | `DataError` naming the file                    |
 | over-long pairs (more tokens than `max_length`) | dropped from training, counted as `too_long` (see `keras_transformer.data.preparation`) |
 
 Why these choices: a line-count mismatch, a wrong number of TSV columns or invalid UTF-8
@@ -109,9 +111,10 @@ def iter_lines(path, report=None):
         str, one line (leading/trailing whitespace kept; callers strip).
 
     Raises:
-        DataError: on invalid UTF-8, with the file, line number and byte offset.
+        DataError: on invalid UTF-8 or UTF-16, with the file, line number and byte offset;
+            on a damaged `.gz` file.
     """
-    with open_binary(path) as f:
+    with open_binary(path, DataError) as f:
         for number, raw in enumerate(f, start=1):
             if raw.endswith(b"\n"):
                 raw = raw[:-1]
@@ -161,7 +164,7 @@ def check_parallel_files(source_path, target_path):
     Returns:
         int, the common number of lines.
     """
-    counts = {path: count_lines(path) for path in (source_path, target_path)}
+    counts = {path: count_lines(path, DataError) for path in (source_path, target_path)}
     for path, count in counts.items():
         if count == 0:
             raise DataError(f"{os.fspath(path)} is empty: no sentence pairs to read.")

@@ -201,6 +201,28 @@ def _ordered_splits(names):
         n for n in names if n not in ("train", "validation")]
 
 
+def check_file_directions(files, source_lang, target_lang):
+    """Raises `ValueError` when a split's files are named the other way round from
+    `source_lang` -> `target_lang` (`dev.en dev.fr` in a fr->en run): a model would be
+    validated, or scored, on the reverse direction.
+
+    Args:
+        files: dict `{split: (source_path, target_path)}`.
+        source_lang: str or None; nothing is checked unless both languages are known.
+        target_lang: str or None.
+    """
+    if not (source_lang and target_lang) or source_lang == target_lang:
+        return
+    for split, (source_path, target_path) in files.items():
+        named = [language_from_path(source_path), language_from_path(target_path)]
+        if named == [target_lang, source_lang]:
+            raise ValueError(
+                f"The {split!r} files {source_path} ({named[0]}) and {target_path} "
+                f"({named[1]}) are named the other way round from {source_lang}->"
+                f"{target_lang} (source_lang={source_lang!r}, target_lang={target_lang!r}): "
+                "give the source file first.")
+
+
 class FileSource(ParallelSource):
     """Parallel text files, one sentence per line, plain or `.gz`, split by split.
 
@@ -223,13 +245,8 @@ class FileSource(ParallelSource):
             if len(paths) != 2:
                 raise ValueError(f"Split {name!r} needs a source and a target file, got {paths}.")
         if "train" in self.files:
+            check_file_directions({"train": self.files["train"]}, source_lang, target_lang)
             named = [language_from_path(path) for path in self.files["train"]]
-            if source_lang and target_lang and named == [target_lang, source_lang]:
-                raise ValueError(
-                    f"The train files {self.files['train'][0]} ({named[0]}) and "
-                    f"{self.files['train'][1]} ({named[1]}) are named the other way round "
-                    f"from source_lang={source_lang!r}, target_lang={target_lang!r}: give the "
-                    "source file first.")
             source_lang = source_lang or named[0]
             target_lang = target_lang or named[1]
         if not (source_lang and target_lang):
@@ -237,6 +254,7 @@ class FileSource(ParallelSource):
                 "Could not tell the languages from the file names; give source_lang and "
                 "target_lang (--source-lang/--target-lang)."
             )
+        check_file_directions(self.files, source_lang, target_lang)
         super().__init__(source_lang, target_lang)
 
     def splits(self):
@@ -283,9 +301,16 @@ class TsvSource(ParallelSource):
         return self.files[split]
 
     def check(self, splits=("train", "validation")):
+        """Raises `DataError` on a missing file of `splits`, and on an empty or malformed one
+        (a line without exactly one tab) other than `train` (read through: test and
+        validation sets are small; training's is read while it is counted)."""
         for split in splits:
-            if not os.path.isfile(self.files[self.resolve(split)]):
-                raise DataError(f"{self.files[self.resolve(split)]} ({split}) does not exist.")
+            path = self.files[self.resolve(split)]
+            if not os.path.isfile(path):
+                raise DataError(f"{path} ({split}) does not exist.")
+            if self.resolve(split) != "train":
+                for _ in read_tsv(path, SplitReport(), keep_all=True):
+                    pass
 
     def _read(self, split, report, keep_all):
         return read_tsv(self.files[split], report, keep_all=keep_all)

@@ -17,7 +17,13 @@ import tensorflow as tf
 import tensorflow_text  # noqa: F401  (registers the SentencePiece ops of the exported graph)
 
 from keras_transformer.export.saved_model import latest_version_dir
-from keras_transformer.textfiles import UTF8_BOM, count_lines, decode_utf8, open_binary
+from keras_transformer.textfiles import (
+    UTF8_BOM,
+    check_not_utf16,
+    count_lines,
+    decode_utf8,
+    open_binary,
+)
 
 # The input of every exported signature and its outputs (see docs/CONTRACTS.md).
 INPUT_NAME = "text"
@@ -45,7 +51,13 @@ def as_bytes(sentence):
     if isinstance(sentence, bytes):
         return sentence
     if isinstance(sentence, str):
-        return sentence.encode("utf-8")
+        try:
+            return sentence.encode("utf-8")
+        except UnicodeEncodeError:
+            # Lone surrogates (bytes that were not UTF-8, read with `surrogateescape` as a C
+            # locale's `sys.stdin` does) become U+FFFD, as invalid bytes do in the graph.
+            return "".join("\ufffd" if "\ud800" <= c <= "\udfff" else c
+                           for c in sentence).encode("utf-8")
     raise TypeError(f"Expected str or bytes sentences, got {type(sentence).__name__}.")
 
 
@@ -277,15 +289,16 @@ def iter_lines(path_or_dash, strict=False):
         ValueError: `strict`, on a line that is not UTF-8.
     """
     if str(path_or_dash) == "-":
-        yield from _decoded_lines(sys.stdin.buffer, "<stdin>" if strict else None)
+        yield from _decoded_lines(sys.stdin.buffer, "<stdin>", strict)
         return
     with open_binary(path_or_dash) as stream:
-        yield from _decoded_lines(stream, os.fspath(path_or_dash) if strict else None)
+        yield from _decoded_lines(stream, os.fspath(path_or_dash), strict)
 
 
-def _decoded_lines(stream, strict_name=None):
-    """Lines of a byte stream as str; with `strict_name` (the stream's name for messages),
-    bytes that are not UTF-8 raise `ValueError` instead of becoming U+FFFD."""
+def _decoded_lines(stream, name, strict=False):
+    """Lines of a byte stream as str; bytes that are not UTF-8 become U+FFFD, or with
+    `strict` raise `ValueError` naming `name` (the stream's, for messages) and the line.
+    UTF-16 text raises either way (`check_not_utf16`)."""
     for number, line in enumerate(stream):
         if number == 0 and line.startswith(UTF8_BOM):  # a Windows editor's byte order mark
             line = line[len(UTF8_BOM):]
@@ -293,10 +306,11 @@ def _decoded_lines(stream, strict_name=None):
             line = line[:-1]
         if line.endswith(b"\r"):
             line = line[:-1]
-        if strict_name is None:
-            yield line.decode("utf-8", errors="replace")
+        if strict:
+            yield decode_utf8(line, f"{name}:{number + 1}")
         else:
-            yield decode_utf8(line, f"{strict_name}:{number + 1}")
+            check_not_utf16(line, f"{name}:{number + 1}")
+            yield line.decode("utf-8", errors="replace")
 
 
 class ProgressBar:

@@ -72,6 +72,33 @@ def test_train_data_flags(toy_corpus):
                          "target_lang": None}
     assert _data_overrides(_train_args("--source-lang", "fr", "--target-lang", "en")) == {
         "source_lang": "fr", "target_lang": "en"}
+    # One file with --data files, two with --data tsv: a KeyError's traceback, and a
+    # second file dropped silently (then "expected exactly one tab" in the first).
+    with pytest.raises(SystemExit, match="--data files.*SRC TGT"):
+        _data_overrides(_train_args("--data", "files", "--train", files["train"][0]))
+    with pytest.raises(SystemExit, match="--data tsv.*one file"):
+        _data_overrides(_train_args("--data", "tsv", "--train", *files["train"],
+                                    "--source-lang", "fr", "--target-lang", "en"))
+
+
+def test_languages_from_set_or_a_config_file_go_with_train_files(toy_corpus, tmp_path):
+    # `--set source_lang=fr target_lang=en` (or a --config file saying so) with a TSV file
+    # was refused ("a TSV file does not say its languages"); with parallel files the names'
+    # languages replaced them, without the check --source-lang gets.
+    from keras_transformer.cli import _load_config
+
+    files, tsv = toy_corpus["files"], toy_corpus["tsv"]
+    config_file = tmp_path / "fr-en.json"
+    config_file.write_text(json.dumps({"source_lang": "fr", "target_lang": "en"}))
+    for languages in (["--set", "source_lang=fr", "target_lang=en"],
+                      ["--config", str(config_file)]):
+        config = _load_config(_train_args("--train", tsv["train"], *languages))
+        assert (config.data, config.source_lang, config.target_lang) == ("tsv", "fr", "en")
+        config = _load_config(_train_args("--train", *files["train"], *languages))
+        assert (config.data, config.source_lang, config.target_lang) == ("files", "fr", "en")
+    with pytest.raises(SystemExit, match="source file first"):
+        _load_config(_train_args("--train", *files["train"][::-1], "--set", "source_lang=fr",
+                                 "target_lang=en"))
 
 
 @pytest.mark.slow

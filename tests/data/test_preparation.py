@@ -35,6 +35,24 @@ def test_count_batches_example():
     assert count_batches([3, 4, 9, 9, 9], [8], [2, 2]) == 3
     assert count_batches([3, 4, 9, 9, 9], [8], [2, 2], drop_remainder=True) == 2
     assert count_batches([1] * 10, [], [4]) == 3
+    # From a histogram: the number of examples of each length, not one entry per example.
+    assert count_batches([3, 4, 9], [8], [2, 2], counts=[1, 1, 3]) == 3
+    assert count_batches([0, 1], [], [4], counts=[0, 10]) == 3
+
+
+def test_counting_a_split_holds_no_array_of_its_size(toy_corpus, toy_tokenizer, monkeypatch):
+    # The histogram of lengths was expanded to one int64 per pair (and again by the
+    # bucketing), 16 bytes a pair: 1.6 GB for 100 million, where memory should stay flat.
+    from keras_transformer.data import preparation
+
+    def refused(*args, **kwargs):
+        raise AssertionError("an array of one entry per pair")
+
+    source = open_source("files", toy_corpus["files"])
+    expected = scan_split(source, "train", toy_tokenizer, toy_tokenizer, 8, {"batch_size": 7})
+    monkeypatch.setattr(preparation.np, "repeat", refused)
+    assert scan_split(source, "train", toy_tokenizer, toy_tokenizer, 8,
+                      {"batch_size": 7})[1] == expected[1]
 
 
 @pytest.mark.parametrize("batching", [
@@ -182,3 +200,24 @@ def test_a_report_cut_short_by_a_kill_is_counted_again(toy_corpus, toy_tokenizer
     assert report.splits["train"]["read"] == 96
     assert DataReport.load(tmp_path / REPORT_FILENAME) == report
     assert sorted(p.name for p in tmp_path.iterdir()) == [REPORT_FILENAME]
+
+
+def test_a_test_set_edited_after_the_start_does_not_block_resuming(
+        toy_corpus, toy_tokenizer, tmp_path):
+    # Test sets are not counted in the report nor trained on, yet their digests were kept
+    # with the training files': a corrected test file refused the run's resume with "its
+    # content is not what the run's vocabulary and trained epochs were made from".
+    import shutil
+
+    test = [shutil.copy(path, tmp_path / f"news.{path.rsplit('.', 1)[1]}")
+            for path in toy_corpus["files"]["test"]]
+    files = {"train": toy_corpus["files"]["train"], "news": test}
+    config = get_preset("tiny").replace(
+        data="files", data_files=files, source_lang="fr", target_lang="en", max_length=16,
+        train_subset=None)
+    source = open_source("files", files)
+    first = prepare_data_report(source, config, toy_tokenizer, toy_tokenizer, tmp_path)
+    write_lines(test[1], ["a corrected line"] * 12)
+    again = prepare_data_report(source, config, toy_tokenizer, toy_tokenizer, tmp_path,
+                                resuming=True)
+    assert again.splits == first.splits and again.batches == first.batches

@@ -111,3 +111,46 @@ def test_a_failed_atomic_json_write_leaves_no_file(tmp_path):
     with pytest.raises(TypeError):
         write_json_atomically(tmp_path / "config.json", {"path": tmp_path})
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("damage", ["truncated", "not_gzip"])
+def test_a_damaged_gz_file_is_named(tmp_path, damage):
+    # A half-downloaded train.fr.gz ended in EOFError's traceback ("Compressed file ended
+    # before the end-of-stream marker"), a plain file named .gz in "Not a gzipped file
+    # (b'un')": neither named the file.
+    import gzip
+
+    raw = gzip.compress(b"un chien\n" * 20_000)
+    source = tmp_path / "train.fr.gz"  # written as is (write_bytes would compress it)
+    source.write_bytes(raw[:-30] if damage == "truncated" else b"un chien\n" * 5)
+    target = write_lines(tmp_path / "train.en.gz", ["a dog"] * 20_000)
+    with pytest.raises(DataError, match=rf"{source}.*gzip"):
+        FileSource({"train": (source, target)}).check(["train"])
+    with pytest.raises(DataError, match=rf"{source}.*gzip"):
+        _read(source, target)
+
+
+def test_a_utf16_file_is_named_as_such(tmp_path):
+    # Windows' "Unicode" text is UTF-16: its byte order mark failed as "invalid UTF-8 (byte
+    # 0xff)" with Latin-1's advice, which turns the file into NUL-riddled text; without a
+    # mark its ASCII decodes as UTF-8 with a NUL after every letter and trained silently.
+    target = write_lines(tmp_path / "a.en", ["a dog", "a cat"])
+    for name, raw in (("bom.fr", "un chien\r\nun chat\r\n".encode("utf-16")),
+                      ("plain.fr", "un chien\nun chat\n".encode("utf-16-le"))):
+        source = write_bytes(tmp_path / name, raw)
+        with pytest.raises(DataError, match=rf"{source}:1: .*UTF-16.*iconv -f utf-16"):
+            _read(source, target)
+
+
+def test_tsv_test_sets_are_read_through_when_checked(tmp_path, toy_corpus):
+    # Only their existence was checked: a test set with a stray tab or no line at all
+    # failed at `evaluate`, after the whole training.
+    news = write_lines(tmp_path / "news.tsv", ["un\tone", "deux\ttwo\tthree"])
+    empty = write_bytes(tmp_path / "empty.tsv", b"")
+    source = TsvSource({"train": toy_corpus["tsv"]["train"], "news": news, "other": empty},
+                       "fr", "en")
+    with pytest.raises(DataError, match=rf"{news}:2: expected exactly one tab"):
+        source.check(["news"])
+    with pytest.raises(DataError, match=rf"{empty}"):
+        source.check(["other"])
+    source.check(["train"])

@@ -153,3 +153,15 @@ def test_a_config_of_files_takes_its_languages_from_the_names(toy_corpus):
                              target_lang="en")
     with pytest.raises(ValueError, match=r"named the other way round.*source file first"):
         open_run_source(swapped, check=False)
+
+
+@pytest.mark.parametrize("split", ["validation", "news"])
+def test_validation_and_test_files_named_the_other_way_round_are_refused(toy_corpus, split):
+    # Only the train files were checked: dev.en dev.fr beside train.fr train.en scored a
+    # fr->en model's validation BLEU (which picks best.keras) on en->fr pairs, and
+    # `evaluate --split news` fed it English.
+    files = toy_corpus["files"]
+    with pytest.raises(ValueError, match=rf"'{split}'.*other way round.*source file first"):
+        FileSource({"train": files["train"], split: files["val"][::-1]})
+    with pytest.raises(ValueError, match="other way round"):
+        FileSource({"train": files["train"], split: files["val"][::-1]}, "fr", "en")

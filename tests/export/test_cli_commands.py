@@ -256,6 +256,22 @@ def test_export_computes_in_float32_whatever_the_run_trained_in(copy_task, tmp_p
     assert same >= 0.8 * len(copy_task.held_out), translations
 
 
+class _Upper:
+    """A stand-in export: the "translation" is the line in capitals; `fail_after` lines
+    translated, the next one raises `KeyboardInterrupt` (Ctrl-C)."""
+
+    fail_after = None
+
+    def __init__(self, export, signature=None):
+        pass
+
+    def translate_stream(self, lines, batch_size=32, on_batch=None):
+        for number, line in enumerate(lines):
+            if number == self.fail_after:
+                raise KeyboardInterrupt
+            yield {"translation": line.upper(), "truncated": False, "unfinished": False}
+
+
 def test_translate_writes_a_gz_output_compressed(tmp_path, monkeypatch):
     # `--input` files ending in .gz are read compressed; `--output hyp.de.gz` was written as
     # plain text under that name, and reading it back failed with "Not a gzipped file".
@@ -263,15 +279,7 @@ def test_translate_writes_a_gz_output_compressed(tmp_path, monkeypatch):
 
     from keras_transformer.export import inference
 
-    class Upper:  # a stand-in export: the "translation" is the line in capitals
-        def __init__(self, export, signature=None):
-            pass
-
-        def translate_stream(self, lines, batch_size=32, on_batch=None):
-            for line in lines:
-                yield {"translation": line.upper(), "truncated": False, "unfinished": False}
-
-    monkeypatch.setattr(inference, "ExportedTranslator", Upper)
+    monkeypatch.setattr(inference, "ExportedTranslator", _Upper)
     source = tmp_path / "in.en.gz"
     with gzip.open(source, "wt", encoding="utf-8") as stream:
         stream.write("a dog\nüber\n")
@@ -279,3 +287,53 @@ def test_translate_writes_a_gz_output_compressed(tmp_path, monkeypatch):
     cli.main(["translate", "--export", "e", "--input", str(source), "--output", str(output)])
     with gzip.open(output, "rt", encoding="utf-8") as stream:
         assert stream.read() == "A DOG\nÜBER\n"
+
+
+def test_translate_reads_a_pipe_given_as_its_input_once(tmp_path, monkeypatch):
+    # `--input /dev/stdin` or `--input <(zcat f.gz)`: the lines were counted first (for a
+    # progress bar), which used the pipe up; the output was empty, and nothing was said.
+    import threading
+
+    from keras_transformer.export import inference
+
+    monkeypatch.setattr(inference, "ExportedTranslator", _Upper)
+    pipe = tmp_path / "pipe"
+    os.mkfifo(pipe)
+
+    def write():
+        with open(pipe, "w", encoding="utf-8") as stream:
+            stream.write("a dog\na cat\ntwo men\n")
+
+    def close_a_second_reader():  # only a second open of the pipe waits for this writer
+        try:
+            os.close(os.open(pipe, os.O_WRONLY | os.O_NONBLOCK))
+        except OSError:
+            pass  # no reader waiting
+
+    writer = threading.Thread(target=write, daemon=True)
+    writer.start()
+    unblock = threading.Timer(3, close_a_second_reader)
+    unblock.daemon = True
+    unblock.start()
+    output = tmp_path / "out.txt"
+    cli.main(["translate", "--export", "e", "--input", str(pipe), "--output", str(output)])
+    unblock.cancel()
+    assert output.read_text(encoding="utf-8") == "A DOG\nA CAT\nTWO MEN\n"
+
+
+def test_an_interrupted_translate_says_how_much_of_its_output_is_written(
+        tmp_path, monkeypatch, capsys):
+    # Ctrl-C left a well-formed --output (a .gz one passes `gzip -t`) holding the first lines
+    # only, and said no more than "Interrupted."
+    from keras_transformer.export import inference
+
+    monkeypatch.setattr(inference, "ExportedTranslator", _Upper)
+    monkeypatch.setattr(_Upper, "fail_after", 2)
+    source, output = tmp_path / "in.txt", tmp_path / "out.txt"
+    source.write_text("a dog\na cat\ntwo men\n", encoding="utf-8")
+    with pytest.raises(SystemExit):
+        cli.main(["translate", "--export", "e", "--input", str(source), "--output",
+                  str(output)])
+    error = capsys.readouterr().err
+    assert f"{output} holds the translations of the first 2 of 3 lines" in error, error
+    assert output.read_text(encoding="utf-8") == "A DOG\nA CAT\n"

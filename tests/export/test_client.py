@@ -193,8 +193,12 @@ def test_a_request_that_timed_out_is_not_sent_again():
             client.predict_rest(["ka"], server=f"http://127.0.0.1:{silent.getsockname()[1]}",
                                 timeout=0.5)
     assert not error.value.retryable
+    assert "--timeout 0.5" in str(error.value)  # reached, but slow: not "Cannot reach"
     with pytest.raises(SystemExit):
         client._parse_args(["--retries", "-1"])
+    for timeout in ("0", "-1", "nan"):
+        with pytest.raises(SystemExit):
+            client._parse_args(["--timeout", timeout, "ka"])
 
 
 @pytest.mark.slow
@@ -305,7 +309,7 @@ def _raises(error):
 class _CannedAnswer:
     """A loopback HTTP server answering every POST with one status and body."""
 
-    def __init__(self, status, body):
+    def __init__(self, status, body, length=None):
         import http.server
         import threading
 
@@ -316,7 +320,7 @@ class _CannedAnswer:
             def do_POST(self):  # noqa: N802
                 self.rfile.read(int(self.headers["Content-Length"]))
                 self.send_response(status)
-                self.send_header("Content-Length", str(len(body)))
+                self.send_header("Content-Length", str(length or len(body)))
                 self.end_headers()
                 self.wfile.write(body)
 
@@ -339,12 +343,17 @@ class _CannedAnswer:
     (200, b'{"predictions": [{"translation": "x"}]}', "1 prediction(s) for 2 sentences"),
     (200, b'{"predictions": [{"score": 1.0}, {"score": 2.0}]}', "no 'translation'"),
     (400, b'["oops"]', "HTTP 400: [\"oops\"]"),
+    # A null score: "float() argument must be ... not 'NoneType'", a traceback.
+    (200, b'{"predictions": [{"translation": "x", "score": null}, {"translation": "y"}]}',
+     "wrong type"),
+    # A connection cut in the middle of the body (IncompleteRead, a traceback).
+    (200, b'{"predictions": [', "broken"),
 ])
 def test_answers_a_server_should_not_give_are_server_errors(status, body, message):
     # A proxy's HTML page, an error body that is not an object or too few predictions ended
     # the client with a traceback (or, cut by zip, a NoneType error at the next line).
     client = _load_client()
-    with _CannedAnswer(status, body) as server:
+    with _CannedAnswer(status, body, length=100 if message == "broken" else None) as server:
         with pytest.raises(client.ServerError, match=re.escape(message)):
             client.predict_rest(["ka", "lo"], server=server.url, timeout=10)
 

@@ -43,6 +43,25 @@ def test_read_lines_drops_a_byte_order_mark(tmp_path):
     assert read_lines(path) == ["A dog\ufeff runs."]
 
 
+def test_read_lines_refuses_utf16_even_where_bad_bytes_are_replaced(tmp_path):
+    # `translate --input doc.txt` on Windows' "Unicode" text translated a line per NUL-laced
+    # fragment: 3 output lines for 2 input lines, garbage in each.
+    path = tmp_path / "doc.txt"
+    for raw in ("A dog.\nTwo men.\n".encode("utf-16"), "A dog.\n".encode("utf-16-le")):
+        path.write_bytes(raw)
+        with pytest.raises(ValueError, match=r"doc\.txt:1: .*UTF-16"):
+            read_lines(path)
+
+
+def test_surrogate_escaped_strings_are_translated_not_refused():
+    # `sys.stdin` in a C locale reads Latin-1 bytes as lone surrogates ("caf\udce9"), which
+    # UTF-8 cannot encode: a UnicodeEncodeError; other invalid bytes become U+FFFD.
+    from keras_transformer.export.inference import as_bytes
+
+    assert as_bytes("caf\udce9") == "caf\ufffd".encode("utf-8")
+    assert as_bytes("café") == "café".encode("utf-8")
+
+
 def test_read_lines_dash_reads_stdin(monkeypatch):
     stdin = io.TextIOWrapper(io.BytesIO("Ein Hund.\nZwei Männer.\n".encode("utf-8")))
     monkeypatch.setattr(sys, "stdin", stdin)
