@@ -144,6 +144,9 @@ def predict_rest(sentences, server=DEFAULT_REST_SERVER, model=DEFAULT_MODEL,
             raise ServerError(f"{url} answered a prediction with no 'translation': "
                               f"{str(prediction)[:200]} (is --signature a translate one?)")
         try:
+            translation = prediction["translation"]
+            if not isinstance(translation, str):
+                raise TypeError(f"a translation of type {type(translation).__name__}")
             results.append({
                 "translation": prediction["translation"],
                 "score": float(prediction.get("score", float("nan"))),

@@ -93,21 +93,22 @@ def _split_files(paths, flag):
     return resolved
 
 
-def _data_overrides(args, source_lang=None, target_lang=None):
+def _data_overrides(args, set_languages=(None, None), config_languages=(None, None)):
     """Config overrides of train's data flags: `data`, `data_files`, languages.
 
-    `source_lang`/`target_lang` are the languages the configuration already gives (`--set`,
-    `--config`): `--source-lang`/`--target-lang` replace them, file names (`train.fr`) only
-    fill in what neither gives, and every split's files must not be named the other way
-    round.
+    The languages of `--source-lang/--target-lang`, else of `--set` (`set_languages`), are
+    the run's; then the file names' (`train.fr`); the configuration's (`--config`, a run's
+    own `config.json`: `config_languages`) only fill in what neither gives (a TSV file), so
+    that a config reused for other files does not relabel them. Every split's files must not
+    be named the other way round.
     """
     overrides = {}
     if args.source_lang:
         overrides["source_lang"] = args.source_lang
     if args.target_lang:
         overrides["target_lang"] = args.target_lang
-    source_lang = args.source_lang or source_lang
-    target_lang = args.target_lang or target_lang
+    source_lang = args.source_lang or set_languages[0]
+    target_lang = args.target_lang or set_languages[1]
     data = args.data
     if args.train:
         files = {"train": _split_files(args.train, "--train")}
@@ -144,7 +145,8 @@ def _data_overrides(args, source_lang=None, target_lang=None):
             named = [language_from_path(path) for path in files["train"]]
             try:
                 check_file_directions({"train": files["train"]}, source_lang, target_lang)
-                source_lang, target_lang = source_lang or named[0], target_lang or named[1]
+                source_lang = source_lang or named[0] or config_languages[0]
+                target_lang = target_lang or named[1] or config_languages[1]
                 if not (source_lang and target_lang):
                     raise SystemExit("Could not tell the languages from the file names: pass "
                                      "--source-lang and --target-lang.")
@@ -152,9 +154,13 @@ def _data_overrides(args, source_lang=None, target_lang=None):
             except ValueError as error:
                 raise SystemExit(str(error)) from None
             overrides.update(source_lang=source_lang, target_lang=target_lang)
-        elif not (source_lang and target_lang):
-            raise SystemExit("A TSV file does not say its languages: pass --source-lang and "
-                             "--target-lang.")
+        else:
+            source_lang = source_lang or config_languages[0]
+            target_lang = target_lang or config_languages[1]
+            if not (source_lang and target_lang):
+                raise SystemExit("A TSV file does not say its languages: pass --source-lang "
+                                 "and --target-lang.")
+            overrides.update(source_lang=source_lang, target_lang=target_lang)
     elif args.valid or args.test:
         raise SystemExit(
             "--valid and --test go with --train (a run's data files are fixed when it starts); "
@@ -165,7 +171,7 @@ def _data_overrides(args, source_lang=None, target_lang=None):
     if data:
         overrides["data"] = data
         if data.startswith("tfds:"):  # languages from the dataset unless given
-            overrides.setdefault("source_lang", source_lang)
+            overrides.setdefault("source_lang", source_lang)  # flags' or --set's, else None
             overrides.setdefault("target_lang", target_lang)
     return overrides
 
@@ -197,8 +203,10 @@ def _load_config(args):
     else:
         config = get_preset(DEFAULT_PRESET)
     overrides = _parse_overrides(args.set)
-    overrides.update(_data_overrides(args, **{
-        key: overrides.get(key, getattr(config, key)) for key in ("source_lang", "target_lang")}))
+    keys = ("source_lang", "target_lang")
+    overrides.update(_data_overrides(
+        args, set_languages=[overrides.get(key) for key in keys],
+        config_languages=[getattr(config, key) for key in keys]))
     if args.epochs is not None:
         overrides["epochs"] = args.epochs
     if args.mixed_precision is not None:
@@ -230,7 +238,7 @@ def _overwrite(output, worker_index):
     begun to write.
     """
     from keras_transformer.training.strategy import WORKER_TEMP_PREFIX
-    from keras_transformer.training.trainer import is_run_directory
+    from keras_transformer.training.trainer import RUN_MARKERS, is_run_directory
 
     if worker_index is not None:
         # Its contents: the directory itself is what this worker holds (`hold_run_directory`).
@@ -248,9 +256,10 @@ def _overwrite(output, worker_index):
             f"Refusing to delete {output}: it is not a run directory (no config.json and "
             "checkpoints from `keras-transformer train`). Choose another --output."
         )
-    # config.json last: it marks the directory as a run, so an --overwrite interrupted
-    # (Ctrl-C, an OSError) is one that --overwrite can run again.
-    for entry in sorted(output.iterdir(), key=lambda entry: entry.name == "config.json"):
+    # What marks the directory as a run last, config.json at the very end: an --overwrite
+    # interrupted (Ctrl-C, an OSError) is one that --overwrite can run again.
+    for entry in sorted(output.iterdir(), key=lambda entry: (
+            entry.name == "config.json", entry.name in RUN_MARKERS)):
         if entry.name.startswith(WORKER_TEMP_PREFIX):
             continue
         if entry.is_dir() and not entry.is_symlink():
@@ -440,9 +449,12 @@ def _progress_bar(args, total, streams_output=True):
 
 
 def _is_standard_input(path):
-    """Whether `path` is the file the standard input reads (`< path`)."""
+    """Whether `path` is the regular file the standard input reads (`< path`; not a
+    terminal that is both stdin and `--output /dev/stdout`)."""
     try:
-        return os.path.samestat(os.fstat(sys.stdin.fileno()), os.stat(path))
+        output = os.stat(path)
+        return stat.S_ISREG(output.st_mode) and os.path.samestat(
+            os.fstat(sys.stdin.fileno()), output)
     except (AttributeError, OSError, ValueError):  # no file behind stdin (a test's, closed)
         return False
 
@@ -478,14 +490,14 @@ def cmd_translate(args):
         for result in translator.translate_stream(
                 iter_lines(args.input), batch_size=args.batch_size,
                 on_batch=progress.update if progress else None):
+            out.write(result["translation"] + "\n")
+            if not args.output or not args.output.endswith(".gz"):
+                out.flush()  # (a gzip stream would compress each line on its own)
             lines += 1
             if result["truncated"]:
                 cut.append(lines)
             if result["unfinished"]:
                 unfinished.append(lines)
-            out.write(result["translation"] + "\n")
-            if not args.output or not args.output.endswith(".gz"):
-                out.flush()  # (a gzip stream would compress each line on its own)
     except BaseException:
         if args.output:  # a whole file of fewer lines: say so, it does not
             of = f" of {total}" if total is not None else ""
@@ -618,6 +630,7 @@ def _evaluation_pairs(args, metadata):
     source = open_source(**spec, local_dir=args.data_dir, tfds_dir=args.tfds_dir)
     try:
         split = source.resolve(args.split or "test")
+        source.check_directions([split])
     except ValueError as error:
         raise SystemExit(str(error)) from error
     pairs = list(source.pairs(split, keep_all=True))

@@ -56,9 +56,11 @@ def decode_utf8(raw, where, error=ValueError):
 
 def check_not_utf16(raw, where, error=ValueError):
     """Raises `error` naming `where` (file:line) when a line's bytes are UTF-16's (a byte
-    order mark, or NUL bytes, which no text line holds), even where other bytes that are not
+    order mark, or NUL bytes for a quarter of them or more: UTF-16's Latin letters are half
+    NULs, where a UTF-8 line may hold a stray one), even where other bytes that are not
     UTF-8 are replaced: UTF-16 read as UTF-8 is every sentence garbled, not one bad byte."""
-    if raw.startswith((b"\xff\xfe", b"\xfe\xff")) or b"\x00" in raw:
+    nuls = raw.count(b"\x00")
+    if raw.startswith((b"\xff\xfe", b"\xfe\xff")) or (nuls and nuls * 4 >= len(raw)):
         raise error(
             f"{where}: NUL bytes or a UTF-16 byte order mark: the file looks like UTF-16, not "
             "UTF-8. Convert it (e.g. `iconv -f utf-16 -t utf-8`).")

@@ -56,9 +56,10 @@ def test_an_interrupted_overwrite_can_be_run_again(tmp_path, monkeypatch):
     for name in ("config.json", "history.json", "model.keras"):
         (tmp_path / name).write_text("{}")
     (tmp_path / "checkpoints").mkdir()
+    order = ["config.json", "history.json", "model.keras", "checkpoints"]  # markers first
     listed = pathlib.Path.iterdir
     monkeypatch.setattr(pathlib.Path, "iterdir", lambda self: iter(
-        sorted(listed(self), key=lambda entry: entry.name != "config.json")))
+        sorted(listed(self), key=lambda entry: order.index(entry.name))))
     removed = shutil.rmtree
 
     def interrupted(path, *args, **kwargs):
@@ -68,7 +69,7 @@ def test_an_interrupted_overwrite_can_be_run_again(tmp_path, monkeypatch):
     monkeypatch.setattr(shutil, "rmtree", interrupted)
     with pytest.raises(KeyboardInterrupt):
         _overwrite(tmp_path, worker_index=None)
-    assert (tmp_path / "config.json").exists()
+    assert (tmp_path / "config.json").exists() and (tmp_path / "history.json").exists()
     _overwrite(tmp_path, worker_index=None)
     assert os.listdir(tmp_path) == []
 

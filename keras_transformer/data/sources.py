@@ -112,6 +112,12 @@ class ParallelSource:
     def check(self, splits=("train", "validation")):
         """Validates the files of `splits` cheaply before training (no-op by default)."""
 
+    def check_directions(self, splits=None):
+        """Raises `ValueError` when the files of `splits` (None: every split) are named the
+        other way round from the source's direction (files only: nothing else has names).
+        A new run checks every split, `evaluate` the one it scores; resuming does not, so a
+        run made before this check still resumes."""
+
     def origin(self, split):
         """str, where `split` is read from (for reports and messages)."""
         return f"{self.describe()}[{split}]"
@@ -254,7 +260,6 @@ class FileSource(ParallelSource):
                 "Could not tell the languages from the file names; give source_lang and "
                 "target_lang (--source-lang/--target-lang)."
             )
-        check_file_directions(self.files, source_lang, target_lang)
         super().__init__(source_lang, target_lang)
 
     def splits(self):
@@ -262,6 +267,11 @@ class FileSource(ParallelSource):
 
     def origin(self, split):
         return " + ".join(self.files[split])
+
+    def check_directions(self, splits=None):
+        check_file_directions({split: self.files[self.resolve(split)]
+                               for split in (self.splits() if splits is None else splits)},
+                              self.source_lang, self.target_lang)
 
     def check(self, splits=("train", "validation")):
         """Raises `DataError` on missing, empty or misaligned files of `splits`."""

@@ -753,8 +753,10 @@ def _train(config, output_dir, write_dir, strategy, data_dir, local_dir, make_tr
             initial_epoch)
         if chief and not initial_epoch and config.data in ("files", "tsv"):
             # A new run: the user's test sets are found missing or unaligned now, not at
-            # `evaluate` after the training (not on resuming: they may have moved since).
+            # `evaluate` after the training (not on resuming: they may have moved since), and
+            # every split's files named the right way round.
             source.check(source.test_sets())
+            source.check_directions()
         finished = continue_from is not None and _nothing_to_train(config, initial_epoch,
                                                                     previous)
         if finished:

@@ -99,6 +99,15 @@ def test_languages_from_set_or_a_config_file_go_with_train_files(toy_corpus, tmp
     with pytest.raises(SystemExit, match="source file first"):
         _load_config(_train_args("--train", *files["train"][::-1], "--set", "source_lang=fr",
                                  "target_lang=en"))
+    # A config's languages (a run's config.json reused for other data) do not relabel files
+    # named otherwise, nor a TFDS dataset's keys: they only fill in for a TSV file.
+    other = tmp_path / "en-de.json"
+    other.write_text(json.dumps({"source_lang": "en", "target_lang": "de"}))
+    config = _load_config(_train_args("--train", *files["train"], "--config", str(other)))
+    assert (config.source_lang, config.target_lang) == ("fr", "en")
+    config = _load_config(_train_args("--data", "tfds:ted_hrlr_translate/pt_to_en",
+                                      "--config", str(other)))
+    assert (config.source_lang, config.target_lang) == (None, None)
 
 
 @pytest.mark.slow

@@ -140,6 +140,10 @@ def test_a_utf16_file_is_named_as_such(tmp_path):
         source = write_bytes(tmp_path / name, raw)
         with pytest.raises(DataError, match=rf"{source}:1: .*UTF-16.*iconv -f utf-16"):
             _read(source, target)
+    # A stray NUL in UTF-8 text (a crawled corpus) is not UTF-16: read as before.
+    source = write_bytes(tmp_path / "nul.fr", b"un chien\nun\x00 chat noir qui dort\n")
+    assert _read(source, target)[0] == [("un chien", "a dog"),
+                                        ("un\x00 chat noir qui dort", "a cat")]
 
 
 def test_tsv_test_sets_are_read_through_when_checked(tmp_path, toy_corpus):

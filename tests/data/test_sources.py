@@ -161,7 +161,11 @@ def test_validation_and_test_files_named_the_other_way_round_are_refused(toy_cor
     # fr->en model's validation BLEU (which picks best.keras) on en->fr pairs, and
     # `evaluate --split news` fed it English.
     files = toy_corpus["files"]
+    source = FileSource({"train": files["train"], split: files["val"][::-1]})
     with pytest.raises(ValueError, match=rf"'{split}'.*other way round.*source file first"):
-        FileSource({"train": files["train"], split: files["val"][::-1]})
+        source.check_directions()
     with pytest.raises(ValueError, match="other way round"):
-        FileSource({"train": files["train"], split: files["val"][::-1]}, "fr", "en")
+        source.check_directions([split])
+    source.check_directions(["train"])
+    # Not when the source is opened: a run made before the check still resumes.
+    FileSource({"train": files["train"], split: files["val"][::-1]}, "fr", "en")

@@ -346,6 +346,7 @@ class _CannedAnswer:
     # A null score: "float() argument must be ... not 'NoneType'", a traceback.
     (200, b'{"predictions": [{"translation": "x", "score": null}, {"translation": "y"}]}',
      "wrong type"),
+    (200, b'{"predictions": [{"translation": null}, {"translation": "y"}]}', "wrong type"),
     # A connection cut in the middle of the body (IncompleteRead, a traceback).
     (200, b'{"predictions": [', "broken"),
 ])

@@ -43,3 +43,24 @@ def test_a_run_leaves_the_global_dtype_policy_as_it_found_it(config, tmp_path):
     run = _train(config, tmp_path / "float32")
     assert run.model.get_layer("encoder").compute_dtype == "float32"
     assert keras.config.dtype_policy().name == "mixed_bfloat16"
+
+
+def test_a_new_run_from_python_refuses_validation_files_named_the_other_way_round(
+        config, tmp_path):
+    # The command line checked every split's order, `train()` only the training files':
+    # validation BLEU (which picks best.keras) was computed on the reverse direction.
+    for name, side in (("dev.en", 0), ("dev.fr", 1)):
+        (tmp_path / name).write_text("".join(
+            f"{line.split(chr(9))[side]}\n" for line in
+            (tmp_path / "train.tsv").read_text().splitlines()[:20]))
+    train_files = []
+    for name, side in (("train.fr", 0), ("train.en", 1)):
+        (tmp_path / name).write_text("".join(
+            f"{line.split(chr(9))[side]}\n" for line in
+            (tmp_path / "train.tsv").read_text().splitlines()))
+        train_files.append(str(tmp_path / name))
+    swapped = config.replace(data="files", data_files={
+        "train": train_files, "validation": [str(tmp_path / "dev.en"), str(tmp_path / "dev.fr")]})
+    with pytest.raises(ValueError, match="other way round"):
+        _train(swapped, tmp_path / "run")
+    assert not (tmp_path / "run" / "checkpoints").exists()
