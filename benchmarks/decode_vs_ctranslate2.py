@@ -32,8 +32,8 @@ TensorFlow's inter-op pool and CTranslate2's `inter_threads` (batches run in par
 `--inter-threads`, and `--callers` threads call each engine at the same time.
 
 `--compare-keep-finished` also exports the same weights with `drop_finished=False` (finished
-sentences stay in the batch, as before that option existed) and times it at batch
-`--batch-size` in the same run (at batch 1 the two exports run the same steps).
+sentences stay in the batch, as before that option existed) and times it in the same run (at
+batch 1 the two exports run the same steps, less the per-step check for sentences to drop).
 
 `--compare-growing-cache` also exports the same weights with `in_place_cache="none"` (beam
 search's keys/values grown by concatenation, as before the time-major in-place cache; `export
@@ -373,10 +373,9 @@ def main(argv=None):
             for engine in [e for e in engines if e is not None]:
                 rate, hypotheses = _throughput(engine, search, sources, args.batch_size,
                                                args.callers)
-                if engine is kept:  # batch 1: the same steps as `ours`
-                    rate_one, median = figures[ours.name][2:]
-                else:
-                    rate_one, median = _latency(engine, search, latency_sources)
+                # Batch 1 too for `kept`: the same steps as `ours`, without the per-step
+                # check for finished sentences that can leave (never, with one sentence).
+                rate_one, median = _latency(engine, search, latency_sources)
                 figures[engine.name] = (rate, _bleu(hypotheses, references), rate_one, median)
                 outputs[engine.name] = hypotheses
                 print(f"{search} {engine.name}: {rate:.1f} sent/s (batch {args.batch_size}), "
