@@ -96,13 +96,15 @@ def _assert_same_weights(actual, expected):
     key biases' gradient is exactly zero in exact arithmetic; in floating point it is
     rounding noise, which differs with the order of the sums, and Adam divides it by its
     own root mean square: full-size steps of noise. Those biases change nothing the model
-    computes, so they are left out; every other variable must match.
+    computes, so they are left out; every other variable must match, to 5e-4: the order of
+    the sums also depends on the CPU's kernels (on an Intel Xeon with AMX, 2026-11-27, one
+    element of 256 differed by 1.9e-4, at the commit before this tolerance as well).
     """
     assert sorted(actual) == sorted(expected)
     compared = [name for name in expected if not name.endswith("key/bias")]
     assert len(compared) > len(expected) / 2
     for name in compared:
-        np.testing.assert_allclose(actual[name], expected[name], rtol=1e-4, atol=1e-4,
+        np.testing.assert_allclose(actual[name], expected[name], rtol=1e-4, atol=5e-4,
                                    err_msg=name)
 
 
