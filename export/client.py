@@ -148,7 +148,7 @@ def predict_rest(sentences, server=DEFAULT_REST_SERVER, model=DEFAULT_MODEL,
             if not isinstance(translation, str):
                 raise TypeError(f"a translation of type {type(translation).__name__}")
             results.append({
-                "translation": prediction["translation"],
+                "translation": translation,
                 "score": float(prediction.get("score", float("nan"))),
                 "length": int(prediction.get("length", -1)),
                 "truncated": bool(prediction.get("truncated", False)),

@@ -21,26 +21,23 @@ PRECISIONS = {"none": None, "float32": None, "bf16": "mixed_bfloat16",
               "mixed_float16": "mixed_float16", "auto": "auto"}
 
 
-def _count_or_zero(text):
-    """argparse type: an integer >= 0 (a number of examples to show)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
-    return value
+def _integer_at_least(minimum):
+    """An argparse type: an integer >= `minimum`."""
+
+    def parse(text):
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be >= {minimum}, got {value}")
+        return value
+
+    return parse
 
 
-def _count(text):
-    """argparse type: an integer >= 1 (a batch size, a number of sentences or workers)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
+_count = _integer_at_least(1)  # a batch size, a number of sentences or workers
+_count_or_zero = _integer_at_least(0)  # a number of examples to show
 
 
 def _minutes(text):

@@ -315,10 +315,11 @@ class TsvSource(ParallelSource):
         (a line without exactly one tab) other than `train` (read through: test and
         validation sets are small; training's is read while it is counted)."""
         for split in splits:
-            path = self.files[self.resolve(split)]
+            canonical = self.resolve(split)
+            path = self.files[canonical]
             if not os.path.isfile(path):
                 raise DataError(f"{path} ({split}) does not exist.")
-            if self.resolve(split) != "train":
+            if canonical != "train":
                 for _ in read_tsv(path, SplitReport(), keep_all=True):
                     pass
 

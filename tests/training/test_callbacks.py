@@ -97,15 +97,21 @@ def test_resumed_run_keeps_earlier_best(tmp_path):
     assert callback.best_bleu == 50.0 and not os.path.exists(best_path)
 
 
+def _discarded_best(directory, epoch):
+    """A best model and its record (BLEU 90) of an `epoch` the resumed run discards."""
+    best_path = str(directory / "best.keras")
+    with open(best_path, "wb") as f:
+        f.write(f"the discarded epoch {epoch}'s model".encode())
+    with open(best_path + ".json", "w") as f:
+        json.dump({"val_bleu": 90.0, "epoch": epoch}, f)
+    return best_path
+
+
 def test_a_resumed_run_drops_the_best_of_an_epoch_its_backup_did_not_see(tmp_path):
     # Killed after epoch 1's best.keras and its record, before epoch 1's backup: the run
     # trains epoch 1 again, which had to beat the score of the epoch it discarded (and the
     # discarded weights stayed the run's best model).
-    best_path = str(tmp_path / "best.keras")
-    with open(best_path, "wb") as f:
-        f.write(b"the discarded epoch 1's model")
-    with open(best_path + ".json", "w") as f:
-        json.dump({"val_bleu": 90.0, "epoch": 1}, f)
+    best_path = _discarded_best(tmp_path, epoch=1)
     callback = BleuCallback(ScriptedTranslator([["x ."] * 3]), SOURCES, REFERENCES,
                             best_path=best_path, initial_epoch=0, verbose=0)
     _, history = _tiny_fit([callback], epochs=1)
@@ -118,11 +124,7 @@ def test_a_resumed_run_drops_the_best_of_an_epoch_its_backup_did_not_see(tmp_pat
 def test_a_resumed_run_drops_the_best_model_of_a_later_epoch_even_untrained(tmp_path):
     # Resumed to no further epoch (fewer --epochs), the discarded epoch's model must not
     # remain the run's best.
-    best_path = str(tmp_path / "best.keras")
-    with open(best_path, "wb") as f:
-        f.write(b"the discarded epoch 3's model")
-    with open(best_path + ".json", "w") as f:
-        json.dump({"val_bleu": 90.0, "epoch": 3}, f)
+    best_path = _discarded_best(tmp_path, epoch=3)
     callback = BleuCallback(ScriptedTranslator([]), SOURCES, REFERENCES, best_path=best_path,
                             initial_epoch=2, verbose=0)
     callback.on_train_begin()
