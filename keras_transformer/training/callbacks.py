@@ -379,9 +379,15 @@ class ModelSaver(keras.callbacks.Callback):
         mode: `"min"`, `"max"` or `"auto"` (max for accuracies and BLEU, else min).
         earlier: the monitored values of earlier epochs (a resumed run's), the best of them
             to beat; None (an epoch without the value) and NaN are skipped.
+        initial_epoch: int or None, the epoch a resumed run resumes after. With `monitor`,
+            each save is recorded in `filepath + ".json"` (`{monitor: value, "epoch": N}`);
+            a best model recorded for a later epoch (saved before a kill that came before
+            that epoch's backup) is dropped when training begins, as `BleuCallback` drops
+            its own: its weights are of an epoch trained again, and its value is in no
+            history for a later epoch to beat.
     """
 
-    def __init__(self, filepath, monitor=None, mode="auto", earlier=()):
+    def __init__(self, filepath, monitor=None, mode="auto", earlier=(), initial_epoch=None):
         super().__init__()
         if mode not in ("auto", "min", "max"):
             raise ValueError(f"mode must be 'auto', 'min' or 'max', got {mode!r}.")
@@ -390,6 +396,25 @@ class ModelSaver(keras.callbacks.Callback):
         earlier = [v for v in earlier if v is not None and not math.isnan(v)]
         self.filepath, self.monitor, self.mode = filepath, monitor, mode
         self.best = (min if mode == "min" else max)(earlier) if earlier else None
+        self.initial_epoch = initial_epoch
+
+    @property
+    def _record_path(self):
+        return None if self.monitor is None else f"{self.filepath}.json"
+
+    def on_train_begin(self, logs=None):
+        if self.initial_epoch is None or not (
+                self._record_path and os.path.exists(self._record_path)):
+            return
+        with open(self._record_path, encoding="utf-8") as f:
+            record = json.load(f)
+        if record.get("epoch", 0) > self.initial_epoch:
+            # The model first, its record last: a kill between the two leaves the record
+            # to be dropped again.
+            for path in (self.filepath, self._record_path):
+                if os.path.exists(path):
+                    os.remove(path)
+            self.best = None
 
     def on_epoch_end(self, epoch, logs=None):
         if self.monitor is not None:
@@ -406,6 +431,8 @@ class ModelSaver(keras.callbacks.Callback):
                 return
             self.best = value
         save_atomically(self.model, self.filepath)
+        if self.monitor is not None:
+            write_json_atomically(self._record_path, {self.monitor: value, "epoch": epoch + 1})
 
 
 class RunHistory(keras.callbacks.Callback):
@@ -865,6 +892,7 @@ def make_callbacks(
     final_model_path=None,
     seed=None,
     resume_epoch=None,
+    initial_epoch=None,
 ):
     """The standard callbacks of a run, in the order `fit` must see them.
 
@@ -925,6 +953,9 @@ def make_callbacks(
             adds no `DropoutSeeds`. Defaults to `None`.
         resume_epoch: int or `None`, the backed-up epoch to resume after when it is not the
             latest (`AtomicBackupAndRestore`). Defaults to `None`.
+        initial_epoch: int or `None`, the epoch the run resumes after (`fit`'s
+            `initial_epoch`); with `best_monitor`, a best model recorded for a later epoch
+            is dropped (see `ModelSaver`). Defaults to `None`.
 
     Returns:
         A list of `keras.callbacks.Callback`.
@@ -951,7 +982,8 @@ def make_callbacks(
         callbacks.append(ModelSaver(
             os.path.join(checkpoint_dir, "best" + suffix), monitor=best_monitor,
             mode=best_mode or "auto",
-            earlier=[] if run_history is None else run_history.history.get(best_monitor, [])))
+            earlier=[] if run_history is None else run_history.history.get(best_monitor, []),
+            initial_epoch=initial_epoch))
     if keep_checkpoints:
         callbacks.append(EpochCheckpoints(checkpoint_dir, keep_checkpoints))
     tensorboard_installed = importlib.util.find_spec("tensorboard") is not None

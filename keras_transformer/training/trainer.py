@@ -875,6 +875,7 @@ def _train(config, output_dir, write_dir, strategy, data_dir, local_dir, make_tr
         final_model_path=str(write_dir / "model.keras") if chief else None,
         seed=config.seed,
         resume_epoch=resume_epoch,
+        initial_epoch=initial_epoch,
     )
     late_dropout = []
     if config.late_dropout is not None:

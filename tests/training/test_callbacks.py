@@ -516,6 +516,41 @@ def test_a_resumed_run_keeps_its_best_checkpoint_by_val_loss(tmp_path):
     assert os.path.exists(tmp_path / "checkpoints" / "best.keras")
 
 
+def test_a_resumed_run_drops_the_val_loss_best_of_an_epoch_its_backup_did_not_see(tmp_path):
+    # Killed after epoch 3's best.keras (val_loss 0.1), before epoch 3's backup: the run
+    # resumes after epoch 2 and trains epoch 3 again. The discarded epoch's weights must not
+    # stay the run's best model (its 0.1 is in no history for a later epoch to beat).
+    history = RunHistory(str(tmp_path / "history.json"),
+                         initial={"history": {"val_loss": [2.0, 0.5]},
+                                  "epoch_seconds": [1.0, 1.0]})
+    callbacks = make_callbacks(str(tmp_path), best_monitor="val_loss", tensorboard=False,
+                               run_history=history, initial_epoch=2)
+    best = _checkpoint(callbacks, "best.keras")
+    best.set_model(build_stand_in_model())
+    best.on_epoch_end(2, {"val_loss": 0.3})  # a run before the resume saves its record
+    path = tmp_path / "checkpoints" / "best.keras"
+    with open(f"{path}.json") as f:
+        assert json.load(f) == {"val_loss": 0.3, "epoch": 3}
+    path.write_bytes(b"the discarded epoch 3's model")
+
+    best.on_train_begin()  # the resume
+    assert not path.exists() and not os.path.exists(f"{path}.json") and best.best is None
+    best.on_epoch_end(2, {"val_loss": 0.9})  # the retrained epoch 3, worse than epoch 2's
+    keras.saving.load_model(path)
+    with open(f"{path}.json") as f:
+        assert json.load(f) == {"val_loss": 0.9, "epoch": 3}
+    # Resumed after epoch 3, the record of epoch 3 is the run's best; the history's best
+    # is the one to beat.
+    history = RunHistory(str(tmp_path / "history.json"),
+                         initial={"history": {"val_loss": [2.0, 0.5, 0.9]},
+                                  "epoch_seconds": [1.0, 1.0, 1.0]})
+    best = _checkpoint(make_callbacks(str(tmp_path), best_monitor="val_loss",
+                                      tensorboard=False, run_history=history,
+                                      initial_epoch=3), "best.keras")
+    best.on_train_begin()
+    assert path.exists() and best.best == 0.5
+
+
 @pytest.mark.parametrize("name", ["last.keras", "best.keras"])
 def test_a_checkpoint_save_that_fails_leaves_the_previous_one(tmp_path, monkeypatch, name):
     # A full disk or a kill in the middle of a save must not leave a broken zip where the
@@ -532,7 +567,9 @@ def test_a_checkpoint_save_that_fails_leaves_the_previous_one(tmp_path, monkeypa
     with pytest.raises(OSError, match="No space"):
         checkpoint.on_epoch_end(1, {"loss": 1.0})
     assert path.read_bytes() == before
-    assert os.listdir(tmp_path / "checkpoints") == [name]  # no partial file left
+    # No partial file left (the best model's record beside it).
+    assert sorted(os.listdir(tmp_path / "checkpoints")) == (
+        [name, name + ".json"] if name == "best.keras" else [name])
 
 
 def test_the_best_bleu_checkpoint_is_replaced_whole_or_not_at_all(tmp_path, monkeypatch):
