@@ -433,7 +433,7 @@ def _progress_bar(args, total, streams_output=True):
 
     Shown by default when the total is known (a file, not a pipe), stderr is a terminal and,
     for a command that streams its output (`streams_output`), the output does not go to that
-    same terminal.
+    same terminal; asked for without a total, it counts.
     """
     from keras_transformer.export.inference import ProgressBar
 
@@ -442,7 +442,7 @@ def _progress_bar(args, total, streams_output=True):
         output_to_terminal = (streams_output and not getattr(args, "output", None)
                               and sys.stdout.isatty())
         show = total is not None and sys.stderr.isatty() and not output_to_terminal
-    return ProgressBar(total) if show and total is not None else None
+    return ProgressBar(total) if show else None
 
 
 def _is_standard_input(path):
@@ -842,7 +842,8 @@ def build_parser():
     translate.add_argument("--batch-size", type=_count, default=64)
     translate.add_argument("--progress", action=argparse.BooleanOptionalAction,
                            help="progress bar on stderr (default: when --input is a file, "
-                           "stderr a terminal and the output not that terminal)")
+                           "stderr a terminal and the output not that terminal; from a "
+                           "pipe or stdin, a count of the sentences done)")
     translate.set_defaults(func=cmd_translate)
 
     evaluate = sub.add_parser("evaluate", help="BLEU and chrF of an export")

@@ -8,6 +8,7 @@ does with the same directory.
 
 import itertools
 import json
+import numbers
 import os
 import pathlib
 import sys
@@ -76,6 +77,11 @@ def read_export_metadata(path):
     return json.loads(record.read_text()) if record.is_file() else {}
 
 
+def _check_positive_integer(name, value):
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+        raise ValueError(f"{name} must be an integer >= 1, got {name}={value!r}.")
+
+
 def translate_by_length(sentences, batch_size, translate_batch, on_batch=None):
     """Translates `sentences` in batches of similar length; results in input order.
 
@@ -93,6 +99,7 @@ def translate_by_length(sentences, batch_size, translate_batch, on_batch=None):
     >>> translate_by_length(["ccc", "a", "bb"], 2, lambda batch: [s.upper() for s in batch])
     ['CCC', 'A', 'BB']
     """
+    _check_positive_integer("batch_size", batch_size)
     order = sorted(range(len(sentences)), key=lambda i: len(sentences[i]))
     results = [None] * len(sentences)
     for start in range(0, len(order), batch_size):
@@ -209,17 +216,18 @@ class ExportedTranslator:
                 in input order. Defaults to `SORT_BUFFER_BATCHES`.
             on_batch: callable or None, called with the batch size after each batch.
 
-        Yields:
-            One dict per sentence, in order, as in `translate`.
+        Returns:
+            An iterator of one dict per sentence, in order, as in `translate` (the
+            arguments are checked by the call, the sentences translated as it is read).
         """
+        # Checked now: a generator's body would run at the first result asked for.
         check_sentence_list(sentences)
-        if batch_size < 1:
-            raise ValueError(f"batch_size must be positive, got batch_size={batch_size}.")
-        if sort_buffer_batches < 1:
-            raise ValueError(
-                f"sort_buffer_batches must be positive, got {sort_buffer_batches}.")
-        buffer_size = batch_size * sort_buffer_batches
-        iterator = iter(sentences)
+        _check_positive_integer("batch_size", batch_size)
+        _check_positive_integer("sort_buffer_batches", sort_buffer_batches)
+        return self._stream(iter(sentences), batch_size, batch_size * sort_buffer_batches,
+                            on_batch)
+
+    def _stream(self, iterator, batch_size, buffer_size, on_batch):
         while True:
             buffer = [as_bytes(s) for s in itertools.islice(iterator, buffer_size)]
             if not buffer:
@@ -319,8 +327,10 @@ class ProgressBar:
     Redrawn in place with `"\\r"` at most every `min_interval` seconds, and ended with a
     newline by `close()`, so the translations on stdout never mix with it.
 
+    Without a total (a pipe, read once) it counts: done, rate.
+
     Args:
-        total: int, sentences to translate.
+        total: int or None, sentences to translate.
         stream: a text stream. Defaults to `sys.stderr`.
         unit: str, what is counted. Defaults to `"sentences"`.
         min_interval: float, seconds between redraws. Defaults to `0.2`.
@@ -344,12 +354,17 @@ class ProgressBar:
         """Counts `count` more done and redraws when due (always at the end)."""
         self.done += count
         now = time.perf_counter()
-        if now - self._drawn >= self.min_interval or self.done >= self.total:
+        if now - self._drawn >= self.min_interval or (
+                self.total is not None and self.done >= self.total):
             self._drawn = now
             self._draw(now - self._started)
 
     def _draw(self, elapsed):
         rate = self.done / elapsed if elapsed > 0 else 0.0
+        if self.total is None:
+            self.stream.write(f"\r{self.done} {self.unit}  {rate:7.1f}/s")
+            self.stream.flush()
+            return
         percent = 100.0 * self.done / self.total if self.total else 100.0
         remaining = (self.total - self.done) / rate if rate > 0 else 0.0
         eta = time.strftime("%H:%M:%S", time.gmtime(remaining))

@@ -69,6 +69,17 @@ def _lines(count, copy_task):
     return [s if i % 3 else " ".join([s] * 3) for i, s in enumerate(sentences)]
 
 
+def test_translate_progress_from_a_pipe_counts_without_a_total(monkeypatch):
+    # `translate --progress < file` has no total (stdin is read once): the flag was ignored
+    # silently. Without the flag a pipe still shows nothing.
+    import argparse
+
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True, raising=False)
+    asked = argparse.Namespace(progress=True, output=None)
+    assert cli._progress_bar(asked, None) is not None
+    assert cli._progress_bar(argparse.Namespace(progress=None, output="out.txt"), None) is None
+
+
 @pytest.mark.slow
 def test_translate_file_keeps_the_input_order_and_shows_progress(
         exported, copy_task, tmp_path, capsys):

@@ -117,6 +117,13 @@ def test_exported_translator_batches_and_matches_the_translator(exported, copy_t
     for call in (translator.translate, translator, lambda s: list(translator.translate_stream(s))):
         with pytest.raises(TypeError, match="list of sentences"):
             call("A dog runs.")
+    # Refused when called, not when the first result is asked for (a generator's body runs
+    # late: the mistake surfaced far from the call, or never for an unread stream).
+    for wrong in ({"batch_size": 0}, {"sort_buffer_batches": 0}):
+        with pytest.raises(ValueError, match=next(iter(wrong))):
+            translator.translate_stream(sentences, **wrong)
+    with pytest.raises(TypeError, match="list of sentences"):
+        translator.translate_stream("A dog runs.")
     with pytest.raises(ValueError, match="no signature 'nope'"):
         ExportedTranslator(exported, signature="nope")
     with pytest.raises(FileNotFoundError):
@@ -176,6 +183,30 @@ def test_progress_bar_counts_to_the_total_and_ends_its_line():
     text = stream.getvalue()
     assert text.count("\r") == 5 and text.endswith("\n")
     assert text.rsplit("\r", 1)[1].startswith("10/10 sentences 100.0%")
+
+
+def test_a_progress_bar_without_a_total_counts_and_ends_its_line():
+    # `translate --progress < file` (stdin: no total) showed nothing.
+    from keras_transformer.export.inference import ProgressBar
+
+    stream = io.StringIO()
+    bar = ProgressBar(None, stream=stream, min_interval=0.0)
+    bar.update(3)
+    bar.update(4)
+    bar.close()
+    text = stream.getvalue()
+    assert text.count("\r") == 2 and text.endswith("\n")
+    assert text.rsplit("\r", 1)[1].startswith("7 sentences ") and "%" not in text
+
+
+def test_translate_by_length_refuses_a_batch_size_below_one():
+    # A negative batch size returned [None, None]; 0 was range()'s "arg 3 must not be zero".
+    from keras_transformer.export.inference import translate_by_length
+
+    for wrong in (0, -1, 1.5, None):
+        with pytest.raises(ValueError, match="batch_size must be an integer >= 1"):
+            translate_by_length(["a", "b"], wrong, lambda batch: batch)
+    assert translate_by_length(["bb", "a"], 1, lambda batch: batch) == ["bb", "a"]
 
 
 def test_a_signature_that_does_not_translate_text_is_refused_by_name(tmp_path):
