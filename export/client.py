@@ -30,8 +30,10 @@ with the server's error message when a request fails for good.
 """
 
 import argparse
+import contextlib
 import http.client
 import json
+import os
 import re
 import sys
 import time
@@ -368,6 +370,15 @@ def main(argv=None):
     except ServerError as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:
+        of = f" of {len(sentences)}" if isinstance(sentences, list) else ""
+        print(f"\nInterrupted: the first {lines}{of} translations were printed.",
+              file=sys.stderr, flush=True)
+        return 130
+    except BrokenPipeError:  # the reader went away (`| head`): nothing more to say
+        with contextlib.suppress(OSError, ValueError):  # no flush error at exit either
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
     for numbers, what in ((cut, "sentences were longer than the model's max_input_length and "
                                 "were cut before translating"),
                           (unfinished, "translations reached the model's output length limit "

@@ -234,6 +234,48 @@ def test_a_sentence_argument_that_is_not_utf8_is_translated_with_replacements(mo
     assert capsys.readouterr().out == "caf\ufffd au lait\n"
 
 
+def test_ctrl_c_ends_the_client_with_one_line_not_a_traceback(monkeypatch, capsys):
+    client = _load_client()
+    calls = []
+
+    def fake_predict(batch, **unused):
+        calls.append(batch)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return [{"translation": s, "score": -1.0, "length": 1} for s in batch]
+
+    monkeypatch.setattr(client, "predict_rest", fake_predict)
+    # A read-ahead buffer's translations are printed once it is done: none of these were.
+    assert client.main(["--batch-size", "1", "a", "b", "c"]) == 130
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err == "\nInterrupted: the first 0 of 3 translations were printed.\n"
+
+
+def test_a_closed_output_pipe_ends_the_client_quietly(monkeypatch, capsys):
+    # `client.py < doc.txt | head -1`: the reader went away.
+    client = _load_client()
+    monkeypatch.setattr(client, "predict_rest", lambda batch, **unused: [
+        {"translation": s, "score": -1.0, "length": 1} for s in batch])
+
+    class ClosedPipe:
+        def write(self, text):
+            raise BrokenPipeError(32, "Broken pipe")
+
+        def flush(self):
+            pass
+
+        def reconfigure(self, **unused):
+            pass
+
+        def fileno(self):
+            raise OSError("no descriptor")
+
+    monkeypatch.setattr(sys, "stdout", ClosedPipe())
+    assert client.main(["a", "b"]) == 141  # 128 + SIGPIPE, as a shell reports a killed reader
+    assert capsys.readouterr().err == ""
+
+
 def test_stdin_is_translated_as_it_is_read(monkeypatch, capsys):
     # A slow pipe or a large file: each read-ahead buffer is sent once it is full, not after
     # the whole input has been read into memory.
