@@ -1,5 +1,6 @@
 """Plain or gzip-compressed text files: opening them (bytes to read, text to write),
-decoding their lines strictly, counting them, and the digest of a file's bytes.
+decoding their lines strictly, counting them, and the digest of a file's bytes; files
+written whole or not at all (a partial file beside the target, renamed over it).
 
 A module of its own, without TensorFlow: training's readers (`keras_transformer.data`) and
 the translator of an export (`keras_transformer.export.inference`, which must not load
@@ -11,12 +12,70 @@ import gzip
 import hashlib
 import os
 import pathlib
+import re
+import shutil
 import zlib
 
 # A UTF-8 byte order mark, which some Windows editors write at the start of a file.
 UTF8_BOM = b"\xef\xbb\xbf"
 # Read size when counting lines or hashing a file.
 _READ_CHUNK = 1 << 20
+# `.partial-PID-name`: where process PID writes `name` before renaming it into place.
+_PARTIAL = re.compile(r"\.partial-(?P<pid>\d+)-.")
+
+
+def partial_path(path):
+    """Where this process writes `path` before renaming it into place: a hidden name beside
+    it (same file system, so the rename is atomic) holding the process id, so that the
+    partial file of a process killed mid-write can be told from one being written
+    (`remove_stale_partials`). The name keeps `path`'s suffix (Keras and NumPy pick the
+    format from it)."""
+    path = pathlib.Path(path)
+    return path.with_name(f".partial-{os.getpid()}-{path.name}")
+
+
+def write_bytes_atomically(path, data):
+    """Writes `data` (bytes) to `path` whole or not at all: into `partial_path(path)`,
+    renamed over `path` once complete. A kill or a full disk during the write leaves the
+    previous file (or none), never a truncated one; a failed write leaves no partial file."""
+    temporary = partial_path(path)
+    try:
+        temporary.write_bytes(data)
+        os.replace(temporary, path)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            temporary.unlink()
+
+
+def _running(pid):
+    try:
+        os.kill(pid, 0)
+    except PermissionError:  # another user's process
+        return True
+    except (ProcessLookupError, OverflowError):  # none, or no such process number
+        return False
+    return True
+
+
+def remove_stale_partials(directory):
+    """Removes the partial files (and directories) in `directory` of processes that no
+    longer run on this machine: what a kill -9 during an atomic write left. Returns the
+    removed paths (none for a missing directory)."""
+    directory = pathlib.Path(directory)
+    if not directory.is_dir():
+        return []
+    removed = []
+    for path in directory.iterdir():
+        match = _PARTIAL.match(path.name)
+        if match is None or int(match["pid"]) == os.getpid() or _running(int(match["pid"])):
+            continue
+        with contextlib.suppress(FileNotFoundError):
+            if path.is_dir() and not path.is_symlink():
+                shutil.rmtree(path)
+            else:
+                path.unlink()
+            removed.append(path)
+    return removed
 
 
 def absolute_path(path):

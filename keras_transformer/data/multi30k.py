@@ -37,6 +37,8 @@ import socket
 import tensorflow_datasets as tfds
 from etils import epath
 
+from keras_transformer.textfiles import write_bytes_atomically
+
 # Where the raw files are served from: `<_BASE_URL><stem>.<lang>.gz`.
 _BASE_URL = "https://raw.githubusercontent.com/multi30k/dataset/master/data/task1/raw/"
 # Host probed before downloading: a quick connect tells "offline" from a slow download.
@@ -153,9 +155,7 @@ def _download_verified(name, directory, checksums):
         raise Multi30kNotFoundError(
             f"Downloaded {name} does not match checksums.tsv (size {len(data)} vs {size})."
         )
-    partial = directory / f".{name}.partial"
-    partial.write_bytes(data)
-    os.replace(partial, directory / name)
+    write_bytes_atomically(directory / name, data)
     return directory / name
 
 

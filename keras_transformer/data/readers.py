@@ -29,13 +29,17 @@ counting them is enough. CRLF and a BOM are encodings of the same text and are r
 Leading and trailing whitespace is removed from every sentence.
 """
 
-import contextlib
 import dataclasses
 import json
 import os
 
 from keras_transformer import textfiles
-from keras_transformer.textfiles import UTF8_BOM, count_lines, open_binary
+from keras_transformer.textfiles import (
+    UTF8_BOM,
+    count_lines,
+    open_binary,
+    write_bytes_atomically,
+)
 
 # Reasons a pair is dropped, in the order the report lists them.
 DROP_REASONS = ("blank", "empty_source", "empty_target", "too_long")
@@ -83,17 +87,10 @@ class SplitReport:
 
 
 def write_json_atomically(path, value, **dump_options):
-    """`json.dump(value)` into `path + ".tmp"`, renamed over `path` once complete: a kill
-    during the write leaves the previous file (or none), never half of one."""
-    temporary = f"{os.fspath(path)}.tmp"
-    try:
-        with open(temporary, "w", encoding="utf-8") as f:
-            json.dump(value, f, **dump_options)
-    except BaseException:  # a value JSON cannot write, a full disk: no stray file is left
-        with contextlib.suppress(OSError):
-            os.remove(temporary)
-        raise
-    os.replace(temporary, path)
+    """`json.dump(value)` written whole or not at all (`textfiles.write_bytes_atomically`):
+    a kill during the write leaves the previous file (or none), never half of one; a value
+    JSON cannot write leaves no file."""
+    write_bytes_atomically(path, json.dumps(value, **dump_options).encode("utf-8"))
 
 
 def iter_lines(path, report=None):

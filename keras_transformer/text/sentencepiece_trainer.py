@@ -10,6 +10,7 @@ import sentencepiece as spm
 
 from keras_transformer.text.normalization import NORMALIZATION_RULE
 from keras_transformer.text.special_tokens import END_ID, PAD_ID, START_ID, UNK_ID
+from keras_transformer.textfiles import write_bytes_atomically
 
 
 def _open_text(path):
@@ -151,14 +152,7 @@ def train_sentencepiece(
             f"pieces ({error}): train with a smaller one (--set vocab_size=N) or on more data."
         ) from None
     output_path.parent.mkdir(parents=True, exist_ok=True)
-    # Into a temporary file beside `output_path`, renamed over it once complete (as
-    # `training.callbacks.save_atomically` saves models): a kill or a full disk during the
-    # write leaves the previous file or none, never a truncated model no run can read.
-    temporary = output_path.with_name(f".partial-{os.getpid()}-{output_path.name}")
-    try:
-        temporary.write_bytes(model.getvalue())
-        os.replace(temporary, output_path)
-    finally:
-        if temporary.exists():
-            temporary.unlink()
+    # Whole or not at all: a kill or a full disk during the write leaves the previous file
+    # or none, never a truncated model no run can read.
+    write_bytes_atomically(output_path, model.getvalue())
     return output_path

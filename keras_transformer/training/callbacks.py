@@ -17,6 +17,7 @@ from keras_transformer.checkpoint_files import (  # noqa: F401  (epoch_checkpoin
 )
 from keras_transformer.data.readers import write_json_atomically
 from keras_transformer.languages import bleu_tokenizer
+from keras_transformer.textfiles import partial_path
 from keras_transformer.training.schedules import cooldown_steps
 
 logger = logging.getLogger(__name__)
@@ -189,10 +190,9 @@ def save_atomically(model, path):
     """`model.save(path)` (or `save_weights` for a `.weights.h5` path) into a temporary file
     beside `path`, renamed over it once complete: a full disk or a kill during the save
     leaves the previous file whole."""
-    directory, name = os.path.split(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    # The temporary name keeps the suffix, from which Keras picks the format.
-    temporary = os.path.join(directory, f".partial-{os.getpid()}-{name}")
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    temporary = str(partial_path(os.path.abspath(path)))  # the suffix kept: Keras' format
+    name = os.path.basename(path)
     try:
         if name.endswith(_MODEL_SUFFIX):
             model.save(temporary)
@@ -860,9 +860,13 @@ class EpochCheckpoints(keras.callbacks.Callback):
     def on_epoch_end(self, epoch, logs=None):
         os.makedirs(self.directory, exist_ok=True)
         path = os.path.join(self.directory, EPOCH_CHECKPOINT_PATTERN.format(epoch=epoch + 1))
-        temporary = path + ".tmp.npz"
-        np.savez(temporary, *[np.asarray(w) for w in self.model.get_weights()])
-        os.replace(temporary, path)
+        temporary = partial_path(path)  # ends in .npz, which np.savez would otherwise add
+        try:
+            np.savez(temporary, *[np.asarray(w) for w in self.model.get_weights()])
+            os.replace(temporary, path)
+        finally:
+            if os.path.exists(temporary):
+                os.remove(temporary)
         for old in epoch_checkpoints(self.directory)[: -self.keep]:
             os.remove(old)
 

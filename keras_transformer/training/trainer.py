@@ -35,6 +35,7 @@ from keras_transformer.data.readers import write_json_atomically
 from keras_transformer.model import build_transformer
 from keras_transformer.text import load_tokenizers, train_tokenizers
 from keras_transformer.text.subword_sampling import SegmentationSampler
+from keras_transformer.textfiles import remove_stale_partials
 from keras_transformer.training.callbacks import (
     BleuCallback,
     LateDropout,
@@ -719,6 +720,17 @@ def train(
         keras.config.set_dtype_policy(caller_policy)
 
 
+def _remove_partial_files(write_dir):
+    """Removes what a process killed during an atomic write left in the run directory and
+    its subdirectories (a model's partial file: tens of MB), of processes no longer running
+    (`textfiles.remove_stale_partials`)."""
+    if not write_dir.is_dir():
+        return
+    for directory in [write_dir, *sorted(write_dir.iterdir())]:
+        if directory.is_dir() and not directory.name.startswith("."):
+            remove_stale_partials(directory)
+
+
 def _train(config, output_dir, write_dir, strategy, data_dir, local_dir, make_translate_fn,
            report_padding, verbose, callbacks):
     """`train`'s work, once this process holds `write_dir`."""
@@ -732,6 +744,7 @@ def _train(config, output_dir, write_dir, strategy, data_dir, local_dir, make_tr
         # A TFDS source may have chosen the languages: the run records the ones used.
         config = config.replace(source_lang=source.source_lang, target_lang=source.target_lang)
         check_resumable(config, write_dir)
+        _remove_partial_files(write_dir)
 
         # Where this run stands: a backup (interrupted), a final model (finished) or nothing.
         initial_epoch = _latest_backup_epoch(write_dir)

@@ -100,6 +100,9 @@ def test_a_kill_while_a_file_is_half_written_loses_nothing(reference, tmp_path,
     assert actual["epochs_run"].tolist() == ([1, 2] if moment == "backup:2" else [])
     _assert_same_state(actual, np.load(reference / "result.npz"))
     assert not (run / "backup").exists()
+    # The killed process's half-written file (a hidden `.partial-PID-` name beside its
+    # target) was left for ever; the resumed run removes it.
+    assert not list(run.rglob(".partial-*"))
     again = _run(run, tmp_path / "again.npz", multi30k_tfds_dir)  # model.keras is whole
     assert again.returncode == 0 and "nothing to train" in again.stdout, again.stderr[-4000:]
 

@@ -1,0 +1,42 @@
+"""`keras_transformer.textfiles`: the atomic writes' partial files."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from keras_transformer import textfiles
+
+
+def _dead_pid():
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    return child.pid
+
+
+def test_an_atomic_write_replaces_the_file_whole_and_leaves_no_partial_file(tmp_path):
+    path = tmp_path / "vocab.model"
+    path.write_bytes(b"old")
+    textfiles.write_bytes_atomically(path, b"new")
+    assert path.read_bytes() == b"new" and os.listdir(tmp_path) == ["vocab.model"]
+    with pytest.raises(TypeError):
+        textfiles.write_bytes_atomically(path, "not bytes")
+    assert path.read_bytes() == b"new" and os.listdir(tmp_path) == ["vocab.model"]
+    assert textfiles.partial_path(path) == tmp_path / f".partial-{os.getpid()}-vocab.model"
+
+
+def test_partial_files_of_processes_no_longer_running_are_removed(tmp_path):
+    # A kill -9 during a write left `.partial-PID-name` (a model: tens of MB) for ever.
+    dead = tmp_path / f".partial-{_dead_pid()}-model.keras"
+    dead.write_bytes(b"half a model")
+    dead_directory = tmp_path / f".partial-{_dead_pid()}-1"  # a directory written whole
+    (dead_directory / "variables").mkdir(parents=True)
+    alive = textfiles.partial_path(tmp_path / "config.json")  # this process: writing it
+    alive.write_bytes(b"{")
+    others = [tmp_path / "model.keras", tmp_path / ".partial-x-y", tmp_path / ".hidden"]
+    for other in others:
+        other.write_bytes(b"kept")
+    assert sorted(textfiles.remove_stale_partials(tmp_path)) == sorted([dead, dead_directory])
+    assert sorted(tmp_path.iterdir()) == sorted([alive, *others])
+    assert textfiles.remove_stale_partials(tmp_path / "missing") == []
