@@ -127,21 +127,10 @@ class BleuCallback(keras.callbacks.Callback):
         return None if self.best_path is None else self.best_path + ".json"
 
     def on_train_begin(self, logs=None):
-        if not (self._record_path and os.path.exists(self._record_path)):
+        if self._record_path is None:
             return
-        with open(self._record_path, encoding="utf-8") as f:
-            record = json.load(f)
-        if self.initial_epoch is not None and record.get("epoch", 0) > self.initial_epoch:
-            # Of an epoch the resumed run trains again. The model is saved before its
-            # record, so it is of that epoch too, and goes as that epoch's checkpoint does
-            # (`drop_epoch_checkpoints_after`); the record last, so that a kill between the
-            # two leaves it to be dropped again.
-            for path in (self.best_path, self._record_path):
-                if os.path.exists(path):
-                    os.remove(path)
-            self.best_bleu = None
-            return
-        self.best_bleu = record["val_bleu"]
+        record = read_best_record(self.best_path, self._record_path, self.initial_epoch)
+        self.best_bleu = None if record is None else record["val_bleu"]
 
     def compute_bleu(self):
         """Translates the validation sample and returns its corpus BLEU (0-100)."""
@@ -184,6 +173,24 @@ class BleuCallback(keras.callbacks.Callback):
             return
         save_atomically(self.model, self.best_path)
         write_json_atomically(self._record_path, {"val_bleu": bleu, "epoch": epoch + 1})
+
+
+def read_best_record(model_path, record_path, initial_epoch=None):
+    """The record (`{score name: value, "epoch": N}`) of a best model saved with one, or
+    None. A record of an epoch after `initial_epoch` (a resumed run's) is of an epoch the
+    run trains again: the model is saved before its record, so it is of that epoch too,
+    and both go as that epoch's checkpoint does (`drop_epoch_checkpoints_after`), the
+    record last, so that a kill between the two leaves it to be dropped again."""
+    if not os.path.exists(record_path):
+        return None
+    with open(record_path, encoding="utf-8") as f:
+        record = json.load(f)
+    if initial_epoch is not None and record.get("epoch", 0) > initial_epoch:
+        for path in (model_path, record_path):
+            if os.path.exists(path):
+                os.remove(path)
+        return None
+    return record
 
 
 def save_atomically(model, path):
@@ -403,18 +410,10 @@ class ModelSaver(keras.callbacks.Callback):
         return None if self.monitor is None else f"{self.filepath}.json"
 
     def on_train_begin(self, logs=None):
-        if self.initial_epoch is None or not (
-                self._record_path and os.path.exists(self._record_path)):
+        if self._record_path is None or not os.path.exists(self._record_path):
             return
-        with open(self._record_path, encoding="utf-8") as f:
-            record = json.load(f)
-        if record.get("epoch", 0) > self.initial_epoch:
-            # The model first, its record last: a kill between the two leaves the record
-            # to be dropped again.
-            for path in (self.filepath, self._record_path):
-                if os.path.exists(path):
-                    os.remove(path)
-            self.best = None
+        if read_best_record(self.filepath, self._record_path, self.initial_epoch) is None:
+            self.best = None  # dropped: its weights had replaced the earlier best's
 
     def on_epoch_end(self, epoch, logs=None):
         if self.monitor is not None:
@@ -973,7 +972,7 @@ def make_callbacks(
     >>> _ = model.fit(x, y, validation_data=(x, y), epochs=1, verbose=0,
     ...               callbacks=callbacks)
     >>> sorted(os.listdir("run2/checkpoints"))
-    ['best.keras', 'last.keras']
+    ['best.keras', 'best.keras.json', 'last.keras']
     """
     suffix = _WEIGHTS_SUFFIX if save_weights_only else _MODEL_SUFFIX
     checkpoint_dir = os.path.join(output_dir, "checkpoints")
