@@ -12,6 +12,8 @@ setup(
     long_description=open("README.md", encoding="utf-8").read(),
     long_description_content_type="text/markdown",
     packages=find_packages(include=["keras_transformer", "keras_transformer.*"]),
+    # Multi30K's sizes and SHA-256s, which every download is checked against.
+    package_data={"keras_transformer.data": ["checksums.tsv"]},
     python_requires=">=3.10",
     install_requires=[
         "tensorflow~=2.21.0",

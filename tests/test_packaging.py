@@ -25,3 +25,28 @@ def test_the_bench_extra_installs_both_peers():
     bench = " ".join(extras["bench"])
     # benchmarks/train_vs_keras_hub.py and benchmarks/decode_vs_ctranslate2.py
     assert "keras-hub" in bench and "ctranslate2" in bench, extras["bench"]
+
+
+def _package_data():
+    """`setup(package_data=...)` as a dict, `{}` without one."""
+    for node in ast.walk(ast.parse(_SETUP.read_text())):
+        if isinstance(node, ast.keyword) and node.arg == "package_data":
+            return ast.literal_eval(node.value)
+    return {}
+
+
+def test_every_data_file_of_the_package_is_installed_with_it():
+    # `keras_transformer/data/checksums.tsv` was left out of a (non-editable) `pip install`:
+    # every Multi30K download then failed with "No such file or directory".
+    import fnmatch
+
+    root = _SETUP.parent
+    declared = _package_data()
+    data_files = [path for path in (root / "keras_transformer").rglob("*")
+                  if path.is_file() and path.suffix not in (".py", ".pyc")
+                  and "__pycache__" not in path.parts]
+    assert data_files  # checksums.tsv at least
+    for path in data_files:
+        package = ".".join(path.parent.relative_to(root).parts)
+        assert any(fnmatch.fnmatch(path.name, pattern)
+                   for pattern in declared.get(package, [])), (package, path.name, declared)
