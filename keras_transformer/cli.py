@@ -189,6 +189,17 @@ def _own_config_path(args):
 def _load_config(args):
     from keras_transformer.training import TrainingConfig, get_preset
 
+    if not (args.config or args.preset):
+        from keras_transformer.training.strategy import num_workers_from_tf_config
+
+        if num_workers_from_tf_config() > 1:
+            # Each worker builds its model from what it is given; the run's config.json is
+            # not read on a cluster (a worker's disk may not hold it).
+            raise ValueError(
+                "several workers (TF_CONFIG) need --preset or --config, the same on every "
+                "worker: without either a new run would train the default preset "
+                f"{DEFAULT_PRESET!r}. To continue a run, give every worker the run's own "
+                f"configuration: --config {pathlib.Path(args.output) / 'config.json'}.")
     own_config = None if args.config or args.preset else _own_config_path(args)
     if args.config:
         config = TrainingConfig.from_file(args.config)

@@ -353,3 +353,14 @@ def test_evaluate_refuses_a_direction_other_than_the_exports(tmp_path):
               "--target-lang", "en"], "en->de", "--source-lang de")
     _refused(["evaluate", "--export", export, "--split", "test", "--target-lang", "fr"],
              "en->de", "--target-lang fr")
+
+
+def test_several_workers_without_a_preset_or_config_are_refused(tmp_path, monkeypatch):
+    # Each worker builds its model from the configuration it is given: without --preset or
+    # --config a new run silently trained `quick`, and continuing a run failed with a
+    # ConfigMismatchError whose advice was to leave out --preset and --config.
+    monkeypatch.setenv("TF_CONFIG", '{"cluster": {"worker": ["h0:1", "h1:1"]}, "task": '
+                                    '{"type": "worker", "index": 0}}')
+    _refused(["train", "--output", str(tmp_path / "run"), "--epochs", "2"],
+             "--preset", "--config", "every worker")
+    assert not (tmp_path / "run").exists()
