@@ -579,20 +579,33 @@ def _recorded_direction(metadata):
     return direction if all(direction) else None
 
 
+def _check_languages(args, export, direction):
+    """Refuses `evaluate --source-lang/--target-lang` other than the export's `direction`
+    (`(source, target)`, or None when it records none): they would score it on another
+    direction, or tokenize BLEU for another language."""
+    for flag, given, recorded in zip(("--source-lang", "--target-lang"),
+                                     (args.source_lang, args.target_lang), direction or ()):
+        if given and given != recorded:
+            raise SystemExit(
+                f"{export} translates {direction[0]}->{direction[1]}: {flag} {given} would "
+                "score it on another direction. Leave out --source-lang/--target-lang (the "
+                "export's languages are used).")
+
+
 def _evaluation_pairs(args, metadata):
     """`(sources, references, description, target language or None)` that `evaluate`
     scores.
 
     `--src/--ref` files, or the split `--split` of the data source the export was trained
-    on (any of its test sets, or `validation`), in the export's direction unless
-    `--source-lang/--target-lang` say otherwise.
+    on (any of its test sets, or `validation`), in the export's direction
+    (`--source-lang/--target-lang` name languages of an export that records none).
     """
     if args.src or args.ref:
         if not (args.src and args.ref):
             raise SystemExit("--src and --ref go together.")
         unused = [flag for flag, value in (
-            ("--split", args.split), ("--source-lang", args.source_lang),
-            ("--data-dir", args.data_dir), ("--tfds-dir", args.tfds_dir)) if value is not None]
+            ("--split", args.split), ("--data-dir", args.data_dir),
+            ("--tfds-dir", args.tfds_dir)) if value is not None]
         if unused:
             raise SystemExit(f"{', '.join(unused)} choose(s) a split of the export's data "
                              "source, which --src/--ref replace: give one or the other.")
@@ -603,6 +616,7 @@ def _evaluation_pairs(args, metadata):
         sources, references = _read_parallel(args.src, args.ref)
         metadata = read_export_metadata(args.export)
         direction = _recorded_direction(metadata)
+        _check_languages(args, args.export, direction)
         named = (language_from_path(args.src), language_from_path(args.ref))
         if direction and direction[0] != direction[1] and named == direction[::-1]:
             raise SystemExit(
@@ -624,14 +638,7 @@ def _evaluation_pairs(args, metadata):
             "`data` entry in its metadata): evaluate it with --src FILE --ref FILE, or name "
             "Multi30K's languages with --source-lang and --target-lang."
         )
-    direction = _recorded_direction(metadata)
-    for flag, given, recorded in zip(("--source-lang", "--target-lang"),
-                                     (args.source_lang, args.target_lang), direction or ()):
-        if given and given != recorded:
-            raise SystemExit(
-                f"{args.export} translates {direction[0]}->{direction[1]}: {flag} {given} would "
-                "score it on another direction. Leave out --source-lang/--target-lang (a "
-                "split is read in the export's direction).")
+    _check_languages(args, args.export, _recorded_direction(metadata))
     spec = _data_spec(metadata)
     spec["source_lang"] = args.source_lang or spec["source_lang"]
     spec["target_lang"] = args.target_lang or spec["target_lang"]

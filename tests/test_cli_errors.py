@@ -307,13 +307,12 @@ def test_evaluate_refuses_files_that_are_not_utf8(tmp_path):
 
 
 def test_evaluate_refuses_split_options_with_its_own_files(tmp_path):
-    # With --src/--ref, --split, --source-lang, --data-dir and --tfds-dir were ignored
-    # (`evaluate --src a --ref b --split news` scored a and b).
+    # With --src/--ref, --split, --data-dir and --tfds-dir were ignored (`evaluate --src a
+    # --ref b --split news` scored a and b).
     f = _corpus(tmp_path)
     base = ["evaluate", "--export", str(tmp_path / "export"), "--src", f("test.fr"),
             "--ref", f("test.en")]
-    for extra in (["--split", "news"], ["--source-lang", "fr"], ["--data-dir", "x"],
-                  ["--tfds-dir", "x"]):
+    for extra in (["--split", "news"], ["--data-dir", "x"], ["--tfds-dir", "x"]):
         _refused(base + extra, extra[0], "--src/--ref")
 
 
@@ -346,6 +345,14 @@ def test_evaluate_refuses_a_direction_other_than_the_exports(tmp_path):
              "test.en", "fr->en")
     message = _refused(["evaluate", "--export", export, "--src", f("test.fr"), "--ref",
                         f("test.en")], "SavedModel")
+    assert "fr->en" not in message
+    # With --src/--ref the languages are checked as with a split: --target-lang de on this
+    # export tokenized BLEU as German, unchecked (en on a Chinese export: BLEU near 0), and
+    # even the export's own --source-lang was refused as "a split" option.
+    files = ["evaluate", "--export", export, "--src", f("test.fr"), "--ref", f("test.en")]
+    _refused(files + ["--target-lang", "de"], "fr->en", "--target-lang de")
+    _refused(files + ["--source-lang", "en"], "fr->en", "--source-lang en")
+    message = _refused(files + ["--source-lang", "fr", "--target-lang", "en"], "SavedModel")
     assert "fr->en" not in message
     record.write_text(json.dumps({"data": "multi30k", "source_lang": "en",
                                   "target_lang": "de"}))
