@@ -3,7 +3,8 @@
 A run directory (written by `keras-transformer train`) holds:
 - `config.json`: the `TrainingConfig` of the run, as a dict;
 - `tokenizer/`: `tokenizer.model` (shared vocabulary) or `source.model` and `target.model`;
-- `model.keras`: the final model; `checkpoints/best.keras`: the best by validation BLEU;
+- `model.keras`: the final model; `checkpoints/best.keras`: the best by validation BLEU
+  (by validation loss in a run without validation BLEU, by training loss without validation);
 - `checkpoints/last.keras`, `logs/` (TensorBoard), `backup/` (BackupAndRestore, while
   training), `history.json` (every epoch's logs and time);
 - `checkpoints/epoch-NNN.weights.npz` (with `keep_checkpoints`) and
