@@ -26,7 +26,8 @@ server cannot take now (its batching queue full: UNAVAILABLE, HTTP 503; RESOURCE
 HTTP 429; or no connection, a server restarting) is sent again after 0.5 s, 1 s, 2 s, ...
 up to `--retries` times (3 by default), each retry said on stderr; one of more sentences
 than the server's `max_batch_size` is sent again in requests of that size. Exit status 1
-with the server's error message when a request fails for good.
+with the server's error message when a request fails for good; 130 after Ctrl-C (saying how
+many translations were printed), 141 when the output's reader went away (`| head`).
 """
 
 import argparse
@@ -357,16 +358,16 @@ def main(argv=None):
         for result in translate_all(sentences, predict, batch_size=args.batch_size,
                                     retries=args.retries, server=server, model=args.model,
                                     signature=args.signature, timeout=args.timeout):
-            lines += 1
-            if result.get("truncated"):
-                cut.append(lines)
-            if result.get("unfinished"):
-                unfinished.append(lines)
             if args.json:
                 print(json.dumps(result, ensure_ascii=False))
             else:
                 print(result["translation"])
             sys.stdout.flush()
+            lines += 1  # printed
+            if result.get("truncated"):
+                cut.append(lines)
+            if result.get("unfinished"):
+                unfinished.append(lines)
     except ServerError as error:
         print(f"error: {error}", file=sys.stderr)
         return 1

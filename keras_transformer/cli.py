@@ -359,7 +359,7 @@ def cmd_launch(args):
 
 
 def cmd_export(args):
-    from keras_transformer.export import DecodingConfig, Translator, export_translator, load_run
+    from keras_transformer.export import DecodingConfig, export_run
     from keras_transformer.export.saved_model import check_base_dir
 
     # Flags not given (None) keep DecodingConfig's defaults; these four set beam search.
@@ -399,22 +399,11 @@ def cmd_export(args):
     except ValueError as error:
         raise SystemExit(f"keras-transformer export: {error}") from None
     checkpoint = _checkpoint_record(args.model, args.checkpoint)
-    model, source_tokenizer, target_tokenizer, config = load_run(
-        args.model, args.checkpoint, dtype_policy=args.dtype)
-    direction = _data_spec(config)
     try:  # e.g. output lengths past a learned position table
-        translator = Translator(
-            model, source_tokenizer, target_tokenizer, decoding,
-            metadata={"source_lang": direction["source_lang"] or "",
-                      "target_lang": direction["target_lang"] or "", "data": direction["data"]},
-        )
+        path = export_run(args.model, args.out, args.checkpoint, decoding,
+                          version=args.version, dtype_policy=args.dtype)
     except ValueError as error:
         raise SystemExit(f"keras-transformer export: {error}") from None
-    path = export_translator(
-        translator, args.out, version=args.version,
-        metadata={"run_dir": str(args.model), **checkpoint, "dtype": args.dtype,
-                  "training_config": config, **direction},
-    )
     search = f"beam {decoding.beam_size}" if args.search == "beam" else args.search
     print(f"Exported a {search} translator to {path}")
     print(f"  from checkpoint {checkpoint['checkpoint']} ({checkpoint['checkpoint_path']})")
@@ -559,15 +548,10 @@ def _read_parallel(source_path, reference_path):
 
 
 def _data_spec(record):
-    """The data source and direction in a run's config or an export's metadata record.
+    """`export.run.data_spec`, imported when a command needs it."""
+    from keras_transformer.export.run import data_spec
 
-    Exports from before the direction was recorded hold only the training config; their
-    data is Multi30K in the config's languages.
-    """
-    config = record.get("training_config") or record
-    return {key: record.get(key, config.get(key, default)) for key, default in (
-        ("data", "multi30k"), ("data_files", None), ("source_lang", "en"),
-        ("target_lang", "de"))}
+    return data_spec(record)
 
 
 def _recorded_direction(metadata):
@@ -579,7 +563,7 @@ def _recorded_direction(metadata):
     return direction if all(direction) else None
 
 
-def _check_languages(args, export, direction):
+def _check_languages(args, direction):
     """Refuses `evaluate --source-lang/--target-lang` other than the export's `direction`
     (`(source, target)`, or None when it records none): they would score it on another
     direction, or tokenize BLEU for another language."""
@@ -587,9 +571,9 @@ def _check_languages(args, export, direction):
                                      (args.source_lang, args.target_lang), direction or ()):
         if given and given != recorded:
             raise SystemExit(
-                f"{export} translates {direction[0]}->{direction[1]}: {flag} {given} would "
-                "score it on another direction. Leave out --source-lang/--target-lang (the "
-                "export's languages are used).")
+                f"{args.export} translates {direction[0]}->{direction[1]}: {flag} {given} "
+                "would score it on another direction. Leave out --source-lang/--target-lang "
+                "(the export's languages are used).")
 
 
 def _evaluation_pairs(args, metadata):
@@ -616,7 +600,11 @@ def _evaluation_pairs(args, metadata):
         sources, references = _read_parallel(args.src, args.ref)
         metadata = read_export_metadata(args.export)
         direction = _recorded_direction(metadata)
-        _check_languages(args, args.export, direction)
+        _check_languages(args, direction)
+        if direction is None and args.source_lang:
+            raise SystemExit(f"--source-lang has no use with --src/--ref on {args.export}, "
+                             "which records no languages: --target-lang names the language "
+                             "BLEU is tokenized for.")
         named = (language_from_path(args.src), language_from_path(args.ref))
         if direction and direction[0] != direction[1] and named == direction[::-1]:
             raise SystemExit(
@@ -638,7 +626,7 @@ def _evaluation_pairs(args, metadata):
             "`data` entry in its metadata): evaluate it with --src FILE --ref FILE, or name "
             "Multi30K's languages with --source-lang and --target-lang."
         )
-    _check_languages(args, args.export, _recorded_direction(metadata))
+    _check_languages(args, _recorded_direction(metadata))
     spec = _data_spec(metadata)
     spec["source_lang"] = args.source_lang or spec["source_lang"]
     spec["target_lang"] = args.target_lang or spec["target_lang"]
@@ -860,8 +848,8 @@ def build_parser():
     translate.add_argument("--batch-size", type=_count, default=64)
     translate.add_argument("--progress", action=argparse.BooleanOptionalAction,
                            help="progress bar on stderr (default: when --input is a file, "
-                           "stderr a terminal and the output not that terminal; from a "
-                           "pipe or stdin, a count of the sentences done)")
+                           "stderr a terminal and the output not that terminal; --progress "
+                           "with a pipe or stdin: a count of the sentences done)")
     translate.set_defaults(func=cmd_translate)
 
     evaluate = sub.add_parser("evaluate", help="BLEU and chrF of an export")

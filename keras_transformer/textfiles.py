@@ -34,17 +34,22 @@ def partial_path(path):
     return path.with_name(f".partial-{os.getpid()}-{path.name}")
 
 
-def write_bytes_atomically(path, data):
-    """Writes `data` (bytes) to `path` whole or not at all: into `partial_path(path)`,
+def replace_atomically(path, write):
+    """Writes `path` whole or not at all: `write(partial)` writes `partial_path(path)`,
     renamed over `path` once complete. A kill or a full disk during the write leaves the
     previous file (or none), never a truncated one; a failed write leaves no partial file."""
     temporary = partial_path(path)
     try:
-        temporary.write_bytes(data)
+        write(temporary)
         os.replace(temporary, path)
     finally:
         with contextlib.suppress(FileNotFoundError):
             temporary.unlink()
+
+
+def write_bytes_atomically(path, data):
+    """Writes `data` (bytes) to `path` whole or not at all (`replace_atomically`)."""
+    replace_atomically(path, lambda temporary: temporary.write_bytes(data))
 
 
 def _running(pid):
@@ -57,17 +62,23 @@ def _running(pid):
     return True
 
 
-def remove_stale_partials(directory):
+def remove_stale_partials(directory, keep_own=True):
     """Removes the partial files (and directories) in `directory` of processes that no
     longer run on this machine: what a kill -9 during an atomic write left. Returns the
-    removed paths (none for a missing directory)."""
+    removed paths (none for a missing directory).
+
+    `keep_own=False` removes this process's too, for a caller that knows it writes nothing
+    there now (a run starting: in a container every start may get the same process id)."""
     directory = pathlib.Path(directory)
     if not directory.is_dir():
         return []
     removed = []
     for path in directory.iterdir():
         match = _PARTIAL.match(path.name)
-        if match is None or int(match["pid"]) == os.getpid() or _running(int(match["pid"])):
+        if match is None:
+            continue
+        pid = int(match["pid"])
+        if (keep_own if pid == os.getpid() else _running(pid)):
             continue
         with contextlib.suppress(FileNotFoundError):
             if path.is_dir() and not path.is_symlink():

@@ -354,6 +354,8 @@ def test_evaluate_refuses_a_direction_other_than_the_exports(tmp_path):
     _refused(files + ["--source-lang", "en"], "fr->en", "--source-lang en")
     message = _refused(files + ["--source-lang", "fr", "--target-lang", "en"], "SavedModel")
     assert "fr->en" not in message
+    record.write_text(json.dumps({"data": "files"}))  # an export naming no languages
+    _refused(files + ["--source-lang", "fr"], "--source-lang has no use")
     record.write_text(json.dumps({"data": "multi30k", "source_lang": "en",
                                   "target_lang": "de"}))
     _refused(["evaluate", "--export", export, "--split", "test", "--source-lang", "de",

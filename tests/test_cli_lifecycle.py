@@ -130,10 +130,12 @@ def test_a_run_continues_with_its_own_config_without_preset(tmp_path, monkeypatc
     empty = tmp_path / "new"
     assert _load_config(build_parser().parse_args(["train", "--output", str(empty)])) == (
         get_preset("quick"))
-    # Several workers may not share a file system: the run's file is not read, and a
-    # worker whose directory lacks it would otherwise train another model.
+    # Several workers may not share a file system: the run's file is not read (a worker
+    # whose directory lacks it would train another model), nor the default preset taken.
     monkeypatch.setenv("TF_CONFIG", '{"cluster": {"worker": ["a:1", "b:2"]}}')
-    assert load() == get_preset("quick")
+    with pytest.raises(ValueError, match="need --preset or --config"):
+        load()
+    assert load("--preset", "tiny") == get_preset("tiny")
 
 
 def test_worker_flags_set_tf_config(monkeypatch, tmp_path):

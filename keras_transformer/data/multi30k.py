@@ -37,7 +37,7 @@ import socket
 import tensorflow_datasets as tfds
 from etils import epath
 
-from keras_transformer.textfiles import write_bytes_atomically
+from keras_transformer.textfiles import remove_stale_partials, write_bytes_atomically
 
 # Where the raw files are served from: `<_BASE_URL><stem>.<lang>.gz`.
 _BASE_URL = "https://raw.githubusercontent.com/multi30k/dataset/master/data/task1/raw/"
@@ -155,6 +155,7 @@ def _download_verified(name, directory, checksums):
         raise Multi30kNotFoundError(
             f"Downloaded {name} does not match checksums.tsv (size {len(data)} vs {size})."
         )
+    remove_stale_partials(directory)  # of downloads killed before
     write_bytes_atomically(directory / name, data)
     return directory / name
 

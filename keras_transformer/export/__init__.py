@@ -8,7 +8,7 @@ from keras_transformer.export.inference import (
     translate_by_length,
 )
 from keras_transformer.export.saved_model import export_translator, latest_version_dir, next_version
-from keras_transformer.export.run import load_run, model_path
+from keras_transformer.export.run import export_run, load_run, model_path
 from keras_transformer.export.translator import SEARCHES, DecodingConfig, Translator
 
 __all__ = [
@@ -18,6 +18,7 @@ __all__ = [
     "Translator",
     "evaluate_export",
     "evaluate_translations",
+    "export_run",
     "export_translator",
     "load_run",
     "model_path",

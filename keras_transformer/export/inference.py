@@ -374,7 +374,9 @@ class ProgressBar:
         self.stream.flush()
 
     def close(self):
-        """Ends the bar's line."""
+        """Ends the bar's line (a count without a total drawn once more: its last number)."""
+        if self.total is None:
+            self._draw(time.perf_counter() - self._started)
         self.stream.write("\n")
         self.stream.flush()
 

@@ -4,7 +4,8 @@ A run directory (written by `keras-transformer train`) holds:
 - `config.json`: the `TrainingConfig` of the run, as a dict;
 - `tokenizer/`: `tokenizer.model` (shared vocabulary) or `source.model` and `target.model`;
 - `model.keras`: the final model; `checkpoints/best.keras`: the best by validation BLEU
-  (by validation loss in a run without validation BLEU, by training loss without validation);
+  (by validation loss in a run without validation BLEU, by training loss without validation),
+  with `checkpoints/best.keras.json`, its score and epoch;
 - `checkpoints/last.keras`, `logs/` (TensorBoard), `backup/` (BackupAndRestore, while
   training), `history.json` (every epoch's logs and time);
 - `checkpoints/epoch-NNN.weights.npz` (with `keep_checkpoints`) and
@@ -84,3 +85,61 @@ def load_run(run_dir, checkpoint="best", dtype_policy="float32"):
     config_path = run_dir / "config.json"
     config = json.loads(config_path.read_text()) if config_path.is_file() else {}
     return model, source_tokenizer, target_tokenizer, config
+
+
+def data_spec(record):
+    """The data source and direction in a run's config or an export's metadata record:
+    `{"data", "data_files", "source_lang", "target_lang"}`.
+
+    Exports from before the direction was recorded hold only the training config; their
+    data is Multi30K in the config's languages.
+    """
+    config = record.get("training_config") or record
+    return {key: record.get(key, config.get(key, default)) for key, default in (
+        ("data", "multi30k"), ("data_files", None), ("source_lang", "en"),
+        ("target_lang", "de"))}
+
+
+def export_run(run_dir, out, checkpoint="best", decoding=None, version=None,
+               dtype_policy="float32"):
+    """Exports a training run as `keras-transformer export` does.
+
+    The SavedModel answers its `metadata` signature with the run's languages, and its
+    record (`assets.extra/translator.json`) holds the run's data source, direction and
+    configuration and the checkpoint exported, which `evaluate --split` and `translate`
+    read.
+
+    Args:
+        run_dir: the run directory.
+        out: the base directory; the next version (or `version`) is written under it.
+        checkpoint: `"best"`, `"final"`, `"last"` or `"averaged"` (see `model_path`; the
+            record names the one used). Defaults to `"best"`.
+        decoding: a `DecodingConfig`, or None for `DecodingConfig.for_export()` (the
+            command's defaults). Defaults to None.
+        version: int or None, the version number (None: the next one). Defaults to None.
+        dtype_policy: the policy the exported model computes under (`"float32"` or
+            `"bfloat16"`). Defaults to `"float32"`.
+
+    Returns:
+        `pathlib.Path` of the written version directory.
+    """
+    from keras_transformer.export.saved_model import check_base_dir, export_translator
+    from keras_transformer.export.translator import DecodingConfig, Translator
+
+    check_base_dir(out, version)  # before the model loads
+    decoding = DecodingConfig.for_export() if decoding is None else decoding
+    used, path = resolve_checkpoint(run_dir, checkpoint)
+    model, source_tokenizer, target_tokenizer, config = load_run(run_dir, checkpoint,
+                                                                 dtype_policy=dtype_policy)
+    direction = data_spec(config)
+    translator = Translator(
+        model, source_tokenizer, target_tokenizer, decoding,
+        metadata={"source_lang": direction["source_lang"] or "",
+                  "target_lang": direction["target_lang"] or "", "data": direction["data"]},
+    )
+    return export_translator(
+        translator, out, version=version,
+        metadata={"run_dir": str(run_dir), "checkpoint": used,
+                  "checkpoint_requested": checkpoint, "checkpoint_path": str(path),
+                  "dtype": dtype_policy, "training_config": config, **direction},
+    )

@@ -17,7 +17,7 @@ from keras_transformer.checkpoint_files import (  # noqa: F401  (epoch_checkpoin
 )
 from keras_transformer.data.readers import write_json_atomically
 from keras_transformer.languages import bleu_tokenizer
-from keras_transformer.textfiles import partial_path
+from keras_transformer.textfiles import replace_atomically
 from keras_transformer.training.schedules import cooldown_steps
 
 logger = logging.getLogger(__name__)
@@ -130,7 +130,8 @@ class BleuCallback(keras.callbacks.Callback):
         if self._record_path is None:
             return
         record = read_best_record(self.best_path, self._record_path, self.initial_epoch)
-        self.best_bleu = None if record is None else record["val_bleu"]
+        # A record of another score (val_loss: a run trained without BLEU) has none to beat.
+        self.best_bleu = None if record is None else record.get("val_bleu")
 
     def compute_bleu(self):
         """Translates the validation sample and returns its corpus BLEU (0-100)."""
@@ -171,16 +172,16 @@ class BleuCallback(keras.callbacks.Callback):
         self.best_bleu = bleu
         if self.best_path is None:
             return
-        save_atomically(self.model, self.best_path)
-        write_json_atomically(self._record_path, {"val_bleu": bleu, "epoch": epoch + 1})
+        save_best(self.model, self.best_path, {"val_bleu": bleu, "epoch": epoch + 1})
 
 
 def read_best_record(model_path, record_path, initial_epoch=None):
     """The record (`{score name: value, "epoch": N}`) of a best model saved with one, or
     None. A record of an epoch after `initial_epoch` (a resumed run's) is of an epoch the
-    run trains again: the model is saved before its record, so it is of that epoch too,
-    and both go as that epoch's checkpoint does (`drop_epoch_checkpoints_after`), the
-    record last, so that a kill between the two leaves it to be dropped again."""
+    run trains again: the record is written before its model, so the model is of that
+    epoch or (a save cut short) an earlier best it was replacing; both go, as that epoch's
+    checkpoint does (`drop_epoch_checkpoints_after`), the record last, so that a kill
+    between the two leaves it to be dropped again."""
     if not os.path.exists(record_path):
         return None
     with open(record_path, encoding="utf-8") as f:
@@ -193,22 +194,22 @@ def read_best_record(model_path, record_path, initial_epoch=None):
     return record
 
 
+def save_best(model, path, record):
+    """Saves a best model and its record (`path + ".json"`): the record first (see
+    `read_best_record`), then the model, each atomically."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    write_json_atomically(f"{path}.json", record)
+    save_atomically(model, path)
+
+
 def save_atomically(model, path):
     """`model.save(path)` (or `save_weights` for a `.weights.h5` path) into a temporary file
     beside `path`, renamed over it once complete: a full disk or a kill during the save
     leaves the previous file whole."""
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    temporary = str(partial_path(os.path.abspath(path)))  # the suffix kept: Keras' format
-    name = os.path.basename(path)
-    try:
-        if name.endswith(_MODEL_SUFFIX):
-            model.save(temporary)
-        else:
-            model.save_weights(temporary)
-        os.replace(temporary, path)
-    finally:
-        if os.path.exists(temporary):
-            os.remove(temporary)
+    # The partial file keeps the suffix, from which Keras picks the format.
+    save = model.save if str(path).endswith(_MODEL_SUFFIX) else model.save_weights
+    replace_atomically(os.path.abspath(path), lambda temporary: save(str(temporary)))
 
 
 class AtomicBackupAndRestore(keras.callbacks.BackupAndRestore):
@@ -378,7 +379,7 @@ class ModelSaver(keras.callbacks.Callback):
 
     Keras' `ModelCheckpoint` writes over the previous file in place, and a resumed run's
     checkpoint starts with no best, so its first epoch replaced the best model whatever its
-    score: here the best of the earlier epochs is `initial_best`.
+    score: here the best of the earlier epochs (`earlier`) is the one to beat.
 
     Args:
         filepath: str, a `.keras` (the model) or `.weights.h5` (its weights) path.
@@ -387,7 +388,8 @@ class ModelSaver(keras.callbacks.Callback):
         earlier: the monitored values of earlier epochs (a resumed run's), the best of them
             to beat; None (an epoch without the value) and NaN are skipped.
         initial_epoch: int or None, the epoch a resumed run resumes after. With `monitor`,
-            each save is recorded in `filepath + ".json"` (`{monitor: value, "epoch": N}`);
+            each save is recorded in `filepath + ".json"` (`{monitor: value, "epoch": N}`,
+            written before the model);
             a best model recorded for a later epoch (saved before a kill that came before
             that epoch's backup) is dropped when training begins, as `BleuCallback` drops
             its own: its weights are of an epoch trained again, and its value is in no
@@ -410,9 +412,8 @@ class ModelSaver(keras.callbacks.Callback):
         return None if self.monitor is None else f"{self.filepath}.json"
 
     def on_train_begin(self, logs=None):
-        if self._record_path is None or not os.path.exists(self._record_path):
-            return
-        if read_best_record(self.filepath, self._record_path, self.initial_epoch) is None:
+        if self._record_path is not None and os.path.exists(self._record_path) and (
+                read_best_record(self.filepath, self._record_path, self.initial_epoch) is None):
             self.best = None  # dropped: its weights had replaced the earlier best's
 
     def on_epoch_end(self, epoch, logs=None):
@@ -429,9 +430,9 @@ class ModelSaver(keras.callbacks.Callback):
                     value < self.best if self.mode == "min" else value > self.best):
                 return
             self.best = value
+            save_best(self.model, self.filepath, {self.monitor: value, "epoch": epoch + 1})
+            return
         save_atomically(self.model, self.filepath)
-        if self.monitor is not None:
-            write_json_atomically(self._record_path, {self.monitor: value, "epoch": epoch + 1})
 
 
 class RunHistory(keras.callbacks.Callback):
@@ -859,13 +860,9 @@ class EpochCheckpoints(keras.callbacks.Callback):
     def on_epoch_end(self, epoch, logs=None):
         os.makedirs(self.directory, exist_ok=True)
         path = os.path.join(self.directory, EPOCH_CHECKPOINT_PATTERN.format(epoch=epoch + 1))
-        temporary = partial_path(path)  # ends in .npz, which np.savez would otherwise add
-        try:
-            np.savez(temporary, *[np.asarray(w) for w in self.model.get_weights()])
-            os.replace(temporary, path)
-        finally:
-            if os.path.exists(temporary):
-                os.remove(temporary)
+        weights = [np.asarray(w) for w in self.model.get_weights()]
+        # The partial name ends in .npz, which np.savez would otherwise add.
+        replace_atomically(path, lambda temporary: np.savez(temporary, *weights))
         for old in epoch_checkpoints(self.directory)[: -self.keep]:
             os.remove(old)
 

@@ -721,14 +721,13 @@ def train(
 
 
 def _remove_partial_files(write_dir):
-    """Removes what a process killed during an atomic write left in the run directory and
-    its subdirectories (a model's partial file: tens of MB), of processes no longer running
-    (`textfiles.remove_stale_partials`)."""
-    if not write_dir.is_dir():
-        return
-    for directory in [write_dir, *sorted(write_dir.iterdir())]:
-        if directory.is_dir() and not directory.name.startswith("."):
-            remove_stale_partials(directory)
+    """Removes what a process killed during an atomic write left in the directory this
+    process writes and the subdirectories training writes (a model's partial file: tens of
+    MB), of processes no longer running (`textfiles.remove_stale_partials`). Not other
+    workers' directories inside the run directory: their processes run on other machines."""
+    for directory in (write_dir, write_dir / "checkpoints", write_dir / "tokenizer",
+                      write_dir / "backup"):
+        remove_stale_partials(directory, keep_own=False)  # nothing written here yet
 
 
 def _train(config, output_dir, write_dir, strategy, data_dir, local_dir, make_translate_fn,

@@ -225,6 +225,35 @@ def test_export_says_which_checkpoint_it_exported(run_without_best, tmp_path, ca
     assert metadata["checkpoint_path"].endswith("model.keras")
 
 
+@pytest.mark.slow
+def test_a_run_exported_from_python_records_what_the_command_records(run_without_best,
+                                                                     tmp_path):
+    # export/README's Python example (export_translator of a Translator) wrote an export
+    # without the run's data source and direction: `evaluate --split` refused it, and its
+    # `metadata` signature named no languages.
+    import json
+
+    from keras_transformer.export import DecodingConfig, export_run
+
+    config = {"data": "files", "source_lang": "fr", "target_lang": "en",
+              "data_files": {"train": ["/d/train.fr", "/d/train.en"]}}
+    (run_without_best / "config.json").write_text(json.dumps(config))
+    path = export_run(run_without_best, tmp_path / "export",
+                      decoding=DecodingConfig.for_export(search="greedy", max_output_length=16))
+    assert path == tmp_path / "export" / "1"
+    metadata = ExportedTranslator(path).metadata
+    assert {key: metadata[key] for key in ("data", "source_lang", "target_lang", "checkpoint",
+                                          "checkpoint_requested", "dtype")} == {
+        "data": "files", "source_lang": "fr", "target_lang": "en", "checkpoint": "final",
+        "checkpoint_requested": "best", "dtype": "float32"}
+    assert metadata["training_config"] == config
+    assert metadata["data_files"] == config["data_files"]
+    import tensorflow as tf
+
+    languages = tf.saved_model.load(str(path)).signatures["metadata"]()
+    assert (languages["source_lang"].numpy(), languages["target_lang"].numpy()) == (b"fr", b"en")
+
+
 def _matmul_dtypes(base_dir):
     """The dtypes (attr `T`) of every MatMul node in an export's graphs and functions."""
     from tensorflow.core.protobuf import saved_model_pb2

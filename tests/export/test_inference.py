@@ -190,9 +190,9 @@ def test_a_progress_bar_without_a_total_counts_and_ends_its_line():
     from keras_transformer.export.inference import ProgressBar
 
     stream = io.StringIO()
-    bar = ProgressBar(None, stream=stream, min_interval=0.0)
-    bar.update(3)
-    bar.update(4)
+    bar = ProgressBar(None, stream=stream, min_interval=60.0)
+    bar.update(3)  # drawn: the first
+    bar.update(4)  # not drawn before a minute, but by close()
     bar.close()
     text = stream.getvalue()
     assert text.count("\r") == 2 and text.endswith("\n")

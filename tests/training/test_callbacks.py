@@ -586,6 +586,44 @@ def test_the_best_bleu_checkpoint_is_replaced_whole_or_not_at_all(tmp_path, monk
     assert sorted(os.listdir(tmp_path)) == ["best.keras", "best.keras.json"]
 
 
+@pytest.mark.parametrize("kind", ["bleu", "val_loss"])
+def test_a_save_cut_short_leaves_a_record_the_resumed_run_drops(tmp_path, monkeypatch, kind):
+    # The model was saved before its record: a kill (or a full disk) between the two left an
+    # epoch-2 model under epoch 1's record, kept by a run resumed after epoch 1.
+    if kind == "bleu":
+        best_path = str(tmp_path / "best.keras")
+        callback = BleuCallback(ScriptedTranslator([["x ."] * 3, ["a dog runs ."] * 3]),
+                                SOURCES, REFERENCES, best_path=best_path, verbose=0)
+        model, _ = _tiny_fit([callback], epochs=1)
+        improve = {}
+    else:
+        callback = _checkpoint(make_callbacks(str(tmp_path), best_monitor="val_loss",
+                                              tensorboard=False), "best.keras")
+        best_path = callback.filepath
+        model = build_stand_in_model()
+        callback.set_model(model)
+        callback.on_epoch_end(0, {"val_loss": 2.0})
+        improve = {"val_loss": 1.0}
+    monkeypatch.setattr(model, "save", _failing_save)
+    with pytest.raises(OSError, match="No space"):
+        callback.on_epoch_end(1, improve)
+    callback.initial_epoch = 1  # the run resumes after epoch 1
+    callback.on_train_begin()
+    assert not os.path.exists(best_path) and not os.path.exists(best_path + ".json")
+
+
+def test_a_bleu_run_continues_a_run_whose_best_was_kept_by_val_loss(tmp_path):
+    # A run trained from Python without validation BLEU, continued by the command line with
+    # it: the best model's record holds val_loss, and reading "val_bleu" was a KeyError.
+    best_path = str(tmp_path / "best.keras")
+    with open(best_path + ".json", "w") as f:
+        json.dump({"val_loss": 1.5, "epoch": 2}, f)
+    callback = BleuCallback(ScriptedTranslator([["a dog runs ."] * 3]), SOURCES, REFERENCES,
+                            best_path=best_path, initial_epoch=2, verbose=0)
+    callback.on_train_begin()
+    assert callback.best_bleu is None  # its first epoch's BLEU becomes the best
+
+
 def test_the_best_so_far_skips_epochs_without_the_value_and_nan(tmp_path):
     # RunHistory pads a metric logged only on some epochs with None; a NaN loss must not
     # become a best that nothing can beat.
