@@ -541,7 +541,8 @@ def test_export_cli_sampling_flags_reach_the_translator(small_tokenizer, monkeyp
     """(The lead may move this to tests/test_cli.py.) `keras-transformer export --search
     sample --temperature --top-k --top-p --allow-unk` builds the matching DecodingConfig,
     and invalid values stop the command with the config's message."""
-    import keras_transformer.export as export_module
+    import keras_transformer.export.run as run_module
+    import keras_transformer.export.saved_model as saved_model
     from keras_transformer import cli
     from keras_transformer.export import DecodingConfig
 
@@ -549,10 +550,12 @@ def test_export_cli_sampling_flags_reach_the_translator(small_tokenizer, monkeyp
     written = {}
     monkeypatch.setattr(cli, "_checkpoint_record", lambda run, requested: {
         "checkpoint": requested, "checkpoint_path": f"{run}/{requested}"})
-    monkeypatch.setattr(export_module, "load_run",
+    monkeypatch.setattr(run_module, "resolve_checkpoint",
+                        lambda run, checkpoint: (checkpoint, f"{run}/{checkpoint}"))
+    monkeypatch.setattr(run_module, "load_run",
                         lambda run, checkpoint, dtype_policy="float32": (
                             model, small_tokenizer, small_tokenizer, {}))
-    monkeypatch.setattr(export_module, "export_translator",
+    monkeypatch.setattr(saved_model, "export_translator",
                         lambda translator, out, **kwargs: written.__setitem__("t", translator))
     base = ["export", "--model", "run", "--out", "out", "--max-input-length", str(TABLE),
             "--max-output-length", str(TABLE)]
