@@ -62,19 +62,21 @@ def _running(pid):
     return True
 
 
-def remove_stale_partials(directory, keep_own=True):
+def remove_stale_partials(directory, keep_own=True, pattern=_PARTIAL):
     """Removes the partial files (and directories) in `directory` of processes that no
     longer run on this machine: what a kill -9 during an atomic write left. Returns the
     removed paths (none for a missing directory).
 
     `keep_own=False` removes this process's too, for a caller that knows it writes nothing
-    there now (a run starting: in a container every start may get the same process id)."""
+    there now (a run starting: in a container every start may get the same process id).
+    `pattern`, a compiled regular expression with a `pid` group, matches other names of
+    partial files (an export's staging directories)."""
     directory = pathlib.Path(directory)
     if not directory.is_dir():
         return []
     removed = []
     for path in directory.iterdir():
-        match = _PARTIAL.match(path.name)
+        match = pattern.match(path.name)
         if match is None:
             continue
         pid = int(match["pid"])

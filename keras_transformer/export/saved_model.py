@@ -3,10 +3,16 @@
 import json
 import os
 import pathlib
+import re
 import shutil
 import time
 
 import tensorflow as tf
+
+from keras_transformer.textfiles import remove_stale_partials
+
+# `.tmp-VERSION-PID`: where process PID writes a version before renaming it into place.
+_STAGING = re.compile(r"\.tmp-\d+-(?P<pid>\d+)$")
 
 
 def next_version(base_dir):
@@ -71,6 +77,7 @@ def export_translator(translator, base_dir, version=None, metadata=None):
     final = base_dir / str(version)
     staging = base_dir / f".tmp-{version}-{os.getpid()}"
     shutil.rmtree(staging, ignore_errors=True)
+    remove_stale_partials(base_dir, pattern=_STAGING)  # of exports killed before
     try:
         tf.saved_model.save(translator, str(staging), signatures=translator.signatures())
         extra = staging / "assets.extra"

@@ -307,6 +307,18 @@ def test_versions_are_numbered_and_never_overwritten(copy_task, tmp_path, monkey
     assert sorted(p.name for p in base.iterdir()) == ["1", "2"]
     assert not [p for p in second.iterdir() if p.name.isdigit() or p.name.startswith(".tmp")]
 
+    # A killed export's staging directory (a whole SavedModel) stayed for ever: the next
+    # export removes those of processes no longer running.
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    stale = base / f".tmp-3-{dead.pid}"
+    (stale / "variables").mkdir(parents=True)
+    third = export_translator(translator, base)
+    assert third == base / "3" and not stale.exists()
+    import shutil
+
+    shutil.rmtree(third)
+
     # A save that fails half-way leaves neither a version nor its staging directory.
     def failing_save(obj, export_dir, signatures=None, **kwargs):
         pathlib.Path(export_dir, "variables").mkdir(parents=True)
