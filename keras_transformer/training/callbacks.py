@@ -129,7 +129,7 @@ class BleuCallback(keras.callbacks.Callback):
     def on_train_begin(self, logs=None):
         if self._record_path is None:
             return
-        record = read_best_record(self.best_path, self._record_path, self.initial_epoch)
+        record = read_best_record(self.best_path, self.initial_epoch)
         # A record of another score (val_loss: a run trained without BLEU) has none to beat.
         self.best_bleu = None if record is None else record.get("val_bleu")
 
@@ -175,13 +175,14 @@ class BleuCallback(keras.callbacks.Callback):
         save_best(self.model, self.best_path, {"val_bleu": bleu, "epoch": epoch + 1})
 
 
-def read_best_record(model_path, record_path, initial_epoch=None):
+def read_best_record(model_path, initial_epoch=None):
     """The record (`{score name: value, "epoch": N}`) of a best model saved with one, or
     None. A record of an epoch after `initial_epoch` (a resumed run's) is of an epoch the
     run trains again: the record is written before its model, so the model is of that
     epoch or (a save cut short) an earlier best it was replacing; both go, as that epoch's
     checkpoint does (`drop_epoch_checkpoints_after`), the record last, so that a kill
     between the two leaves it to be dropped again."""
+    record_path = f"{model_path}.json"  # as `save_best` writes it
     if not os.path.exists(record_path):
         return None
     with open(record_path, encoding="utf-8") as f:
@@ -413,7 +414,7 @@ class ModelSaver(keras.callbacks.Callback):
 
     def on_train_begin(self, logs=None):
         if self._record_path is not None and os.path.exists(self._record_path) and (
-                read_best_record(self.filepath, self._record_path, self.initial_epoch) is None):
+                read_best_record(self.filepath, self.initial_epoch) is None):
             self.best = None  # dropped: its weights had replaced the earlier best's
 
     def on_epoch_end(self, epoch, logs=None):
