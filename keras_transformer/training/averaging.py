@@ -20,6 +20,7 @@ from keras_transformer.checkpoint_files import (
     AVERAGED_NAME, average_record, average_record_path, numbered_epoch_checkpoints,
 )
 from keras_transformer.data.readers import write_json_atomically
+from keras_transformer.textfiles import remove_stale_partials
 
 
 def average_checkpoints(paths):
@@ -127,6 +128,7 @@ def average_run(run_dir, last=5, output=None):
     model = keras.saving.load_model(architecture, compile=False, safe_mode=True)
     model.set_weights(average_checkpoints(chosen))
     output = pathlib.Path(output) if output else run_dir / "checkpoints" / AVERAGED_NAME
+    remove_stale_partials(output.parent)  # of averages killed while saving
     # The old record goes first: a kill before the new one is written leaves a new model
     # without a record (checked by its age), never one described by the old record.
     pathlib.Path(average_record_path(output)).unlink(missing_ok=True)

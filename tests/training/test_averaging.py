@@ -207,3 +207,17 @@ def test_average_to_another_file_does_not_point_export_at_the_run(run_dir, capsy
     assert "load_model" in said
     main(["average", "--model", str(run_dir), "--last", "2"])
     assert "export it with `keras-transformer export" in capsys.readouterr().out
+
+
+def test_an_average_killed_while_saving_leaves_no_partial_model_behind(run_dir):
+    # A kill -9 during `keras-transformer average` left `.partial-PID-averaged.keras` (a whole
+    # model) in checkpoints/ until the next training start; the next average removes it.
+    import subprocess
+    import sys
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    left = run_dir / "checkpoints" / f".partial-{child.pid}-averaged.keras"
+    left.write_bytes(b"half a model")
+    average_run(run_dir, last=2)
+    assert not left.exists()
+    assert (run_dir / "checkpoints" / "averaged.keras").is_file()
