@@ -108,15 +108,18 @@ def file_digest(path):
     return digest.hexdigest()
 
 
-def decode_utf8(raw, where, error=ValueError):
+def decode_utf8(raw, where, error=ValueError, check_utf16=True):
     """Decodes UTF-8 bytes; on bytes that are not UTF-8 raises `error` (a `ValueError`
     class: training's readers pass `DataError`) naming `where` (file:line), the byte and how
     to convert the file.
 
     UTF-16 (Windows' "Unicode" text) is named as such: its byte order mark is not UTF-8, and
     without one its ASCII letters are, each followed by a NUL byte, which no sentence holds.
+    `check_utf16=False` leaves that check to the caller (a reader that checked a file's
+    first line: a later line's stray NULs are UTF-8).
     """
-    check_not_utf16(raw, where, error)
+    if check_utf16:
+        check_not_utf16(raw, where, error)
     try:
         return raw.decode("utf-8")
     except UnicodeDecodeError as bad:

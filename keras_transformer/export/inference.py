@@ -306,18 +306,22 @@ def iter_lines(path_or_dash, strict=False):
 def _decoded_lines(stream, name, strict=False):
     """Lines of a byte stream as str; bytes that are not UTF-8 become U+FFFD, or with
     `strict` raise `ValueError` naming `name` (the stream's, for messages) and the line.
-    UTF-16 text raises either way (`check_not_utf16`)."""
+    UTF-16 text raises either way (`check_not_utf16`), told from the first line (its byte
+    order mark, or NULs after its letters): a later line's stray NUL bytes are UTF-8, read
+    as such, so one odd line does not stop a long translation half-way."""
     for number, line in enumerate(stream):
-        if number == 0 and line.startswith(UTF8_BOM):  # a Windows editor's byte order mark
-            line = line[len(UTF8_BOM):]
+        where = f"{name}:{number + 1}"
+        if number == 0:
+            check_not_utf16(line, where)
+            if line.startswith(UTF8_BOM):  # a Windows editor's byte order mark
+                line = line[len(UTF8_BOM):]
         if line.endswith(b"\n"):
             line = line[:-1]
         if line.endswith(b"\r"):
             line = line[:-1]
         if strict:
-            yield decode_utf8(line, f"{name}:{number + 1}")
+            yield decode_utf8(line, where, check_utf16=False)
         else:
-            check_not_utf16(line, f"{name}:{number + 1}")
             yield line.decode("utf-8", errors="replace")
 
 

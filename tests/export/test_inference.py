@@ -53,6 +53,17 @@ def test_read_lines_refuses_utf16_even_where_bad_bytes_are_replaced(tmp_path):
             read_lines(path)
 
 
+def test_a_line_with_nul_bytes_is_read_not_taken_for_utf16(tmp_path):
+    # A stray NUL in a short UTF-8 line ("ab\x00c": a quarter of its bytes) counted as UTF-16
+    # and stopped `translate` (and `evaluate`) in the middle of the file. UTF-16 shows from
+    # the first line (its byte order mark or NUL-laced letters); later lines are sentences.
+    path = tmp_path / "doc.txt"
+    path.write_bytes(b"A dog.\nab\x00c\n\x00\nTwo men.\n")
+    expected = ["A dog.", "ab\x00c", "\x00", "Two men."]
+    assert read_lines(path) == expected
+    assert read_lines(path, strict=True) == expected
+
+
 def test_surrogate_escaped_strings_are_translated_not_refused():
     # `sys.stdin` in a C locale reads Latin-1 bytes as lone surrogates ("caf\udce9"), which
     # UTF-8 cannot encode: a UnicodeEncodeError; other invalid bytes become U+FFFD.
