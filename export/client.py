@@ -361,7 +361,9 @@ def main(argv=None):
             if args.json:
                 print(json.dumps(result, ensure_ascii=False))
             else:
-                print(result["translation"])
+                # One line per input line: a line break the model emitted would move
+                # every later line.
+                print(" ".join(result["translation"].splitlines()))
             sys.stdout.flush()
             lines += 1  # printed
             if result.get("truncated"):

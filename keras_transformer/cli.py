@@ -4,6 +4,7 @@ Also `python -m keras_transformer ...`. Each subcommand prints `--help`.
 """
 
 import argparse
+import contextlib
 import json
 import os
 import pathlib
@@ -487,7 +488,9 @@ def cmd_translate(args):
         for result in translator.translate_stream(
                 iter_lines(args.input), batch_size=args.batch_size,
                 on_batch=progress.update if progress else None):
-            out.write(result["translation"] + "\n")
+            # One line per input line: a line break the model emitted (SentencePiece's
+            # byte pieces <0x0A>, <0x0D>) would move every later line.
+            out.write(" ".join(result["translation"].splitlines()) + "\n")
             if not args.output or not args.output.endswith(".gz"):
                 out.flush()  # (a gzip stream would compress each line on its own)
             lines += 1
@@ -495,6 +498,13 @@ def cmd_translate(args):
                 cut.append(lines)
             if result["unfinished"]:
                 unfinished.append(lines)
+    except BrokenPipeError:
+        if args.output:
+            raise
+        # The reader went away (`| head`): nothing more to say, no error at exit either.
+        with contextlib.suppress(OSError, ValueError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        raise SystemExit(141) from None  # 128 + SIGPIPE, as a shell reports a killed reader
     except BaseException:
         if args.output:  # a whole file of fewer lines: say so, it does not
             of = f" of {total}" if total is not None else ""
@@ -506,7 +516,7 @@ def cmd_translate(args):
             progress.close()
         if args.output:
             out.close()
-    _report_cut_lines(args.export, cut, lines, unfinished)
+    _report_cut_lines(translator.path, cut, lines, unfinished)  # the version translating
 
 
 def _report_cut_lines(export, cut, lines, unfinished=()):
@@ -689,7 +699,7 @@ def _translate_and_report(args, sources, references, target_lang=None):
               "normalizes (NFKC: full-width punctuation, ligatures, ...), which the model "
               "cannot write: the BLEU above is understated; against the normalized references "
               f"it is {scores['bleu_normalized_references']:.2f}.")
-    _report_cut_lines(args.export, scores["truncated_lines"], len(sources),
+    _report_cut_lines(scores["model_path"], scores["truncated_lines"], len(sources),
                       scores["unfinished_lines"])
     if args.json:
         pathlib.Path(args.json).write_text(json.dumps(scores, indent=2))

@@ -310,7 +310,7 @@ class Translator(tf.Module):
     them and `tf.saved_model.save`.
 
     Inputs that must not break it: an empty batch returns empty outputs; an empty or
-    whitespace-only sentence gets an (often empty) translation; sentences longer than
+    whitespace-only sentence translates to `""` (score 0, length 0); sentences longer than
     `config.max_input_length` tokens are truncated; invalid UTF-8 bytes are replaced by
     U+FFFD before tokenization; output length is bounded by `min(source length +
     extra_length, max_output_length)`.

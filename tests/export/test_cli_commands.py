@@ -303,7 +303,7 @@ class _Upper:
     fail_after = None
 
     def __init__(self, export, signature=None):
-        pass
+        self.path = export  # the version a real one loads
 
     def translate_stream(self, lines, batch_size=32, on_batch=None):
         for number, line in enumerate(lines):
@@ -377,3 +377,86 @@ def test_an_interrupted_translate_says_how_much_of_its_output_is_written(
     error = capsys.readouterr().err
     assert f"{output} holds the translations of the first 2 of 3 lines" in error, error
     assert output.read_text(encoding="utf-8") == "A DOG\nA CAT\n"
+
+
+class _LineBreaks(_Upper):
+    """A stand-in export whose "translations" hold line breaks (an undertrained or sampling
+    model can emit SentencePiece's byte pieces <0x0A> and <0x0D>)."""
+
+    def translate_stream(self, lines, batch_size=32, on_batch=None):
+        for line in lines:
+            yield {"translation": line.upper().replace(" ", "\r\n").replace("O", "\u2028O")
+                   + "\n", "truncated": False, "unfinished": False}
+
+
+def test_a_translation_holding_line_breaks_is_written_on_its_one_line(tmp_path, monkeypatch):
+    # Each line break inside a translation added lines to the output: every later line was
+    # written beside the wrong input line.
+    from keras_transformer.export import inference
+
+    monkeypatch.setattr(inference, "ExportedTranslator", _LineBreaks)
+    source, output = tmp_path / "in.txt", tmp_path / "out.txt"
+    source.write_text("a dog\ntwo men\n", encoding="utf-8")
+    cli.main(["translate", "--export", "e", "--input", str(source), "--output", str(output)])
+    assert output.read_text(encoding="utf-8").splitlines() == ["A D OG", "TW O MEN"]
+
+
+def test_translate_into_a_closed_pipe_ends_quietly(tmp_path, monkeypatch, capsys):
+    # `keras-transformer translate ... | head -1`: "[Errno 32] Broken pipe" and status 1.
+    from keras_transformer.export import inference
+
+    monkeypatch.setattr(inference, "ExportedTranslator", _Upper)
+
+    class ClosedPipe:
+        def write(self, text):
+            raise BrokenPipeError(32, "Broken pipe")
+
+        def flush(self):
+            pass
+
+        def reconfigure(self, **unused):
+            pass
+
+        def fileno(self):
+            raise OSError("no descriptor")
+
+        def isatty(self):
+            return False
+
+    source = tmp_path / "in.txt"
+    source.write_text("a dog\na cat\n", encoding="utf-8")
+    monkeypatch.setattr(sys, "stdout", ClosedPipe())
+    with pytest.raises(SystemExit) as stopped:
+        cli.main(["translate", "--export", "e", "--input", str(source)])
+    assert stopped.value.code == 141  # 128 + SIGPIPE, as a shell reports a killed reader
+    assert capsys.readouterr().err == ""
+
+
+def test_translate_names_the_cut_lines_with_the_settings_of_the_version_it_used(
+        tmp_path, monkeypatch, capsys):
+    # The report looked the latest version up again at the end: a version exported during a
+    # long translation had its max_input_length quoted for lines the older one had cut.
+    from keras_transformer.export import inference
+
+    base = tmp_path / "export"
+    for version, limit in ((1, 11), (2, 99)):
+        record = base / str(version) / inference.METADATA_PATH
+        record.parent.mkdir(parents=True)
+        (base / str(version) / "saved_model.pb").write_bytes(b"")
+        record.write_text(json.dumps({"decoding": {"max_input_length": limit}}))
+
+    class Cutting(_Upper):
+        def __init__(self, export, signature=None):
+            self.path = base / "1"  # the version loaded; version 2 appears afterwards
+
+        def translate_stream(self, lines, batch_size=32, on_batch=None):
+            for line in lines:
+                yield {"translation": line.upper(), "truncated": True, "unfinished": False}
+
+    monkeypatch.setattr(inference, "ExportedTranslator", Cutting)
+    source = tmp_path / "in.txt"
+    source.write_text("a dog\n", encoding="utf-8")
+    cli.main(["translate", "--export", str(base), "--input", str(source), "--output",
+              str(tmp_path / "out.txt")])
+    error = capsys.readouterr().err
+    assert "max_input_length (11 tokens)" in error, error

@@ -406,3 +406,14 @@ def test_a_batch_size_below_one_is_refused():
     for size in ("0", "-3"):
         with pytest.raises(SystemExit):
             client._parse_args(["--batch-size", size, "ka"])
+
+
+def test_a_translation_holding_line_breaks_is_printed_on_its_one_line(monkeypatch, capsys):
+    # Each line break inside a translation (an undertrained or sampling model can emit
+    # SentencePiece's byte pieces <0x0A>, <0x0D>) added lines: later lines moved.
+    client = _load_client()
+    monkeypatch.setattr(client, "predict_rest", lambda batch, **unused: [
+        {"translation": s.replace(" ", "\r\n") + "\n", "score": -1.0, "length": 1}
+        for s in batch])
+    assert client.main(["a dog", "two men"]) == 0
+    assert capsys.readouterr().out == "a dog\ntwo men\n"
