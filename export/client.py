@@ -363,7 +363,7 @@ def main(argv=None):
             else:
                 # One line per input line: a line break the model emitted would move
                 # every later line.
-                print(" ".join(result["translation"].splitlines()))
+                print(" ".join(filter(None, re.split(r"[\r\n]+", result["translation"]))))
             sys.stdout.flush()
             lines += 1  # printed
             if result.get("truncated"):

@@ -8,6 +8,7 @@ import contextlib
 import json
 import os
 import pathlib
+import re
 import shutil
 import stat
 import sys
@@ -490,21 +491,23 @@ def cmd_translate(args):
                 on_batch=progress.update if progress else None):
             # One line per input line: a line break the model emitted (SentencePiece's
             # byte pieces <0x0A>, <0x0D>) would move every later line.
-            out.write(" ".join(result["translation"].splitlines()) + "\n")
-            if not args.output or not args.output.endswith(".gz"):
-                out.flush()  # (a gzip stream would compress each line on its own)
+            text = " ".join(filter(None, re.split(r"[\r\n]+", result["translation"])))
+            try:
+                out.write(text + "\n")
+                if not args.output or not args.output.endswith(".gz"):
+                    out.flush()  # (a gzip stream would compress each line on its own)
+            except BrokenPipeError:
+                if args.output:
+                    raise
+                # The reader went away (`| head`): nothing more to say, no error at exit.
+                with contextlib.suppress(OSError, ValueError):
+                    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+                raise SystemExit(141) from None  # 128 + SIGPIPE, as a shell reports it
             lines += 1
             if result["truncated"]:
                 cut.append(lines)
             if result["unfinished"]:
                 unfinished.append(lines)
-    except BrokenPipeError:
-        if args.output:
-            raise
-        # The reader went away (`| head`): nothing more to say, no error at exit either.
-        with contextlib.suppress(OSError, ValueError):
-            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        raise SystemExit(141) from None  # 128 + SIGPIPE, as a shell reports a killed reader
     except BaseException:
         if args.output:  # a whole file of fewer lines: say so, it does not
             of = f" of {total}" if total is not None else ""
@@ -529,7 +532,10 @@ def _report_cut_lines(export, cut, lines, unfinished=()):
     def shown(numbers):
         return ", ".join(map(str, numbers[:20])) + (", ..." if len(numbers) > 20 else "")
 
-    decoding = read_export_metadata(export).get("decoding", {})
+    try:
+        decoding = read_export_metadata(export).get("decoding", {})
+    except OSError:  # the version deleted while it translated: the report without figures
+        decoding = {}
     if cut:
         print(f"{len(cut)} of {lines} lines were longer than the export's max_input_length "
               f"({decoding.get('max_input_length') or 'its'} tokens) and were cut before "

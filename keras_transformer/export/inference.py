@@ -306,15 +306,17 @@ def iter_lines(path_or_dash, strict=False):
 def _decoded_lines(stream, name, strict=False):
     """Lines of a byte stream as str; bytes that are not UTF-8 become U+FFFD, or with
     `strict` raise `ValueError` naming `name` (the stream's, for messages) and the line.
-    UTF-16 text raises either way (`check_not_utf16`), told from the first line (its byte
-    order mark, or NULs after its letters): a later line's stray NUL bytes are UTF-8, read
-    as such, so one odd line does not stop a long translation half-way."""
+    UTF-16 text raises either way (`check_not_utf16`), told from the first line that is not
+    empty (its byte order mark, or NULs beside its letters): a later line's stray NUL bytes
+    are UTF-8, read as such, so one odd line does not stop a long translation half-way."""
+    checked = False
     for number, line in enumerate(stream):
         where = f"{name}:{number + 1}"
-        if number == 0:
+        if not checked and line.rstrip(b"\r\n"):
             check_not_utf16(line, where)
-            if line.startswith(UTF8_BOM):  # a Windows editor's byte order mark
-                line = line[len(UTF8_BOM):]
+            checked = True
+        if number == 0 and line.startswith(UTF8_BOM):  # a Windows editor's byte order mark
+            line = line[len(UTF8_BOM):]
         if line.endswith(b"\n"):
             line = line[:-1]
         if line.endswith(b"\r"):

@@ -12,6 +12,7 @@ run's last epochs from one the run trained past.
 """
 
 import pathlib
+import re
 
 import keras
 import numpy as np
@@ -128,7 +129,11 @@ def average_run(run_dir, last=5, output=None):
     model = keras.saving.load_model(architecture, compile=False, safe_mode=True)
     model.set_weights(average_checkpoints(chosen))
     output = pathlib.Path(output) if output else run_dir / "checkpoints" / AVERAGED_NAME
-    remove_stale_partials(output.parent)  # of averages killed while saving
+    # An average killed while saving left its partial files (`.partial-PID-averaged.keras`
+    # and its record's). Only those: a training on another machine may be writing its own
+    # beside them (a shared volume), and its process id means nothing here.
+    remove_stale_partials(output.parent, pattern=re.compile(
+        rf"\.partial-(?P<pid>\d+)-{re.escape(output.name)}(\.json)?$"))
     # The old record goes first: a kill before the new one is written leaves a new model
     # without a record (checked by its age), never one described by the old record.
     pathlib.Path(average_record_path(output)).unlink(missing_ok=True)

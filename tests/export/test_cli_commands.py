@@ -398,7 +398,8 @@ def test_a_translation_holding_line_breaks_is_written_on_its_one_line(tmp_path, 
     source, output = tmp_path / "in.txt", tmp_path / "out.txt"
     source.write_text("a dog\ntwo men\n", encoding="utf-8")
     cli.main(["translate", "--export", "e", "--input", str(source), "--output", str(output)])
-    assert output.read_text(encoding="utf-8").splitlines() == ["A D OG", "TW O MEN"]
+    # Line separators other than CR and LF stay: the reader splits lines at LF only.
+    assert output.read_text(encoding="utf-8").split("\n") == ["A D\u2028OG", "TW\u2028O MEN", ""]
 
 
 def test_translate_into_a_closed_pipe_ends_quietly(tmp_path, monkeypatch, capsys):
@@ -460,3 +461,9 @@ def test_translate_names_the_cut_lines_with_the_settings_of_the_version_it_used(
               str(tmp_path / "out.txt")])
     error = capsys.readouterr().err
     assert "max_input_length (11 tokens)" in error, error
+    # That version deleted while it translated: the report without its figures, no error.
+    shutil.rmtree(base / "1")
+    cli.main(["translate", "--export", str(base), "--input", str(source), "--output",
+              str(tmp_path / "out.txt")])
+    error = capsys.readouterr().err
+    assert "1 of 1 lines were longer than the export's max_input_length (its tokens)" in error

@@ -413,7 +413,7 @@ def test_a_translation_holding_line_breaks_is_printed_on_its_one_line(monkeypatc
     # SentencePiece's byte pieces <0x0A>, <0x0D>) added lines: later lines moved.
     client = _load_client()
     monkeypatch.setattr(client, "predict_rest", lambda batch, **unused: [
-        {"translation": s.replace(" ", "\r\n") + "\n", "score": -1.0, "length": 1}
+        {"translation": s.replace(" ", "\r\n\n") + "\u2028\n", "score": -1.0, "length": 1}
         for s in batch])
     assert client.main(["a dog", "two men"]) == 0
-    assert capsys.readouterr().out == "a dog\ntwo men\n"
+    assert capsys.readouterr().out == "a dog\u2028\ntwo men\u2028\n"

@@ -62,6 +62,11 @@ def test_a_line_with_nul_bytes_is_read_not_taken_for_utf16(tmp_path):
     expected = ["A dog.", "ab\x00c", "\x00", "Two men."]
     assert read_lines(path) == expected
     assert read_lines(path, strict=True) == expected
+    # UTF-16 without a byte order mark whose first line is empty shows on its next line.
+    path.write_bytes("\nA dog.\n".encode("utf-16-le"))
+    for strict in (False, True):
+        with pytest.raises(ValueError, match=r"doc\.txt:2: .*UTF-16"):
+            read_lines(path, strict)
 
 
 def test_surrogate_escaped_strings_are_translated_not_refused():

@@ -218,6 +218,10 @@ def test_an_average_killed_while_saving_leaves_no_partial_model_behind(run_dir):
     child.wait()
     left = run_dir / "checkpoints" / f".partial-{child.pid}-averaged.keras"
     left.write_bytes(b"half a model")
+    # Another machine's training (a shared volume) writing its epoch: its process id means
+    # nothing here, so only the average's own partial files are removed.
+    other = run_dir / "checkpoints" / f".partial-{child.pid}-epoch-005.weights.npz"
+    other.write_bytes(b"half an epoch")
     average_run(run_dir, last=2)
-    assert not left.exists()
+    assert not left.exists() and other.exists()
     assert (run_dir / "checkpoints" / "averaged.keras").is_file()
