@@ -17,6 +17,7 @@ import pytest
 
 from keras_transformer import cli
 from keras_transformer.export import ExportedTranslator
+from tests.export.closed_pipe import ClosedPipe
 
 # Lines TensorFlow's C++ side writes while it starts (seen with TF 2.21 on a CPU machine).
 STARTUP_NOISE = re.compile(
@@ -407,23 +408,6 @@ def test_translate_into_a_closed_pipe_ends_quietly(tmp_path, monkeypatch, capsys
     from keras_transformer.export import inference
 
     monkeypatch.setattr(inference, "ExportedTranslator", _Upper)
-
-    class ClosedPipe:
-        def write(self, text):
-            raise BrokenPipeError(32, "Broken pipe")
-
-        def flush(self):
-            pass
-
-        def reconfigure(self, **unused):
-            pass
-
-        def fileno(self):
-            raise OSError("no descriptor")
-
-        def isatty(self):
-            return False
-
     source = tmp_path / "in.txt"
     source.write_text("a dog\na cat\n", encoding="utf-8")
     monkeypatch.setattr(sys, "stdout", ClosedPipe())

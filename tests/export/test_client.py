@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from keras_transformer.export import ExportedTranslator
+from tests.export.closed_pipe import ClosedPipe
 from tests.export.stub_server import StubModelServer
 
 CLIENT = pathlib.Path(__file__).resolve().parents[2] / "export" / "client.py"
@@ -257,20 +258,6 @@ def test_a_closed_output_pipe_ends_the_client_quietly(monkeypatch, capsys):
     client = _load_client()
     monkeypatch.setattr(client, "predict_rest", lambda batch, **unused: [
         {"translation": s, "score": -1.0, "length": 1} for s in batch])
-
-    class ClosedPipe:
-        def write(self, text):
-            raise BrokenPipeError(32, "Broken pipe")
-
-        def flush(self):
-            pass
-
-        def reconfigure(self, **unused):
-            pass
-
-        def fileno(self):
-            raise OSError("no descriptor")
-
     monkeypatch.setattr(sys, "stdout", ClosedPipe())
     assert client.main(["a", "b"]) == 141  # 128 + SIGPIPE, as a shell reports a killed reader
     assert capsys.readouterr().err == ""
