@@ -756,8 +756,13 @@ def _train(config, output_dir, write_dir, strategy, data_dir, local_dir, make_tr
             # files (a shared filesystem) say how far the run got.
             finished_dir = write_dir if (write_dir / "model.keras").is_file() else output_dir
             if (finished_dir / "model.keras").is_file():
-                initial_epoch = read_run_history(finished_dir / "history.json")["epochs"]
+                # The model's own record, not the history: a continuation killed between
+                # its first epoch's history and that epoch's backup has a history one
+                # epoch ahead of the model it continues from.
                 continue_from = finished_dir / "model.keras"
+                initial_epoch = read_final_model_epochs(continue_from)
+                if initial_epoch is None:  # a model saved before records were written
+                    initial_epoch = read_run_history(finished_dir / "history.json")["epochs"]
             else:
                 initial_epoch = 0
         previous = read_run_history(

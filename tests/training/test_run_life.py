@@ -146,6 +146,30 @@ def test_finished_run_continues_to_more_epochs(reference, tmp_path, multi30k_tfd
 
 
 @pytest.mark.slow
+def test_a_continued_run_killed_before_its_first_backup_trains_that_epoch(
+        reference, tmp_path, multi30k_tfds_dir):
+    # The continuation's history records epoch 3 before its first backup is written; killed
+    # between the two, the same command said "a finished run of 3 epochs" and kept the
+    # 2-epoch model (or, continued further, skipped an epoch): the model's own record says
+    # how far it trained.
+    run = tmp_path / "run"
+    first = _run(run, tmp_path / "two.npz", multi30k_tfds_dir, "--epochs", "2")
+    assert first.returncode == 0, first.stderr[-4000:]
+    killed = _run(run, tmp_path / "never.npz", multi30k_tfds_dir, "--epochs", "3",
+                  "--die-writing", "backup:1")
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-4000:]
+    assert read_run_history(run / "history.json")["epochs"] == 3
+
+    resumed = _run(run, tmp_path / "three.npz", multi30k_tfds_dir, "--epochs", "3")
+    assert resumed.returncode == 0, resumed.stderr[-4000:]
+    actual = np.load(tmp_path / "three.npz")
+    assert actual["epochs_run"].tolist() == [2]
+    _assert_same_state(actual, np.load(reference / "result.npz"))
+    assert read_run_history(run / "history.json")["epochs"] == 3
+    assert json.loads((run / "model.keras.json").read_text())["epoch"] == 3
+
+
+@pytest.mark.slow
 def test_time_budget_stops_a_run_that_then_counts_as_finished(reference, tmp_path,
                                                               multi30k_tfds_dir):
     run = tmp_path / "run"
