@@ -226,11 +226,24 @@ class AtomicBackupAndRestore(keras.callbacks.BackupAndRestore):
     metadata), so that workers whose backups are one epoch apart (one killed between the
     others' backup and its own) can all resume from the earlier one: `resume_epoch` picks
     it. A backup written by Keras' own callback (no file named) is still read.
+
+    `before_delete` (a callable, or `None`) runs when training ends, before the backup is
+    deleted: the workers of a cluster wait there for each other (`strategy.worker_barrier`),
+    so no worker deletes its backup before the chief has saved the final model (which
+    `FinalModelSaver`, before this callback, does). A chief killed or failing in that save
+    never reaches it, and the others, stopping in the barrier, keep their backups: started
+    again, every worker resumes from the same epoch.
     """
 
-    def __init__(self, *args, resume_epoch=None, **kwargs):
+    def __init__(self, *args, resume_epoch=None, before_delete=None, **kwargs):
         super().__init__(*args, **kwargs)
         self.resume_epoch = resume_epoch
+        self.before_delete = before_delete
+
+    def on_train_end(self, logs=None):
+        if self.before_delete is not None:
+            self.before_delete()
+        super().on_train_end(logs)
 
     def on_train_begin(self, logs=None):
         self._load_model()
@@ -894,6 +907,7 @@ def make_callbacks(
     seed=None,
     resume_epoch=None,
     initial_epoch=None,
+    before_backup_delete=None,
 ):
     """The standard callbacks of a run, in the order `fit` must see them.
 
@@ -957,6 +971,9 @@ def make_callbacks(
         initial_epoch: int or `None`, the epoch the run resumes after (`fit`'s
             `initial_epoch`); with `best_monitor`, a best model recorded for a later epoch
             is dropped (see `ModelSaver`). Defaults to `None`.
+        before_backup_delete: callable or `None`, run when training ends, after the final
+            model is saved and before the backup is deleted (a cluster's barrier; see
+            `AtomicBackupAndRestore`). Defaults to `None`.
 
     Returns:
         A list of `keras.callbacks.Callback`.
@@ -1015,6 +1032,6 @@ def make_callbacks(
         callbacks.append(FinalModelSaver(final_model_path, run_history=run_history))
     callbacks.append(
         AtomicBackupAndRestore(os.path.join(output_dir, "backup"), save_freq=backup_save_freq,
-                               resume_epoch=resume_epoch)
+                               resume_epoch=resume_epoch, before_delete=before_backup_delete)
     )
     return callbacks

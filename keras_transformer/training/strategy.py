@@ -278,6 +278,16 @@ def gather_from_workers(strategy, values):
     return every.numpy().tolist()
 
 
+def worker_barrier(strategy):
+    """A function of no arguments that returns once every worker has called it (a
+    collective op: every worker calls it at the same point of the run); `None` outside a
+    cluster. A worker whose peer died stops in it with TensorFlow's `UnavailableError`.
+    """
+    if task_of(strategy)[0] is None:
+        return None
+    return lambda: gather_from_workers(strategy, [0])
+
+
 # Minutes a worker waits for the others of its cluster to connect before it gives up
 # (`select_strategy(cluster_timeout_minutes=...)`, `train --cluster-timeout`).
 CLUSTER_TIMEOUT_MINUTES = 30.0

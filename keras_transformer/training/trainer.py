@@ -64,6 +64,7 @@ from keras_transformer.training.strategy import (
     shard_by_data,
     slowest_worker,
     task_of,
+    worker_barrier,
     worker_write_dir,
 )
 
@@ -436,10 +437,13 @@ def _latest_backup_epoch(write_dir):
     return None if metadata is None else int(metadata["epoch"])
 
 
-def _finished_after_backup(write_dir):
-    """Whether `write_dir`'s `model.keras` was saved after its backup: a process killed
-    between the final save and the backup's removal finished its run (resuming from the
-    backup would train nothing while the other workers, finding the run finished, left).
+def _finished_after_backup(write_dir, output_dir=None):
+    """Whether the run's `model.keras` was saved after `write_dir`'s backup: a process
+    killed between the final save and the backup's removal finished its run (resuming from
+    the backup would train nothing while the other workers, finding the run finished, left).
+    The model is `write_dir`'s, or, for a worker other than the chief (which never writes
+    one), the chief's in `output_dir` where every worker sees it: the chief killed after its
+    final save, before the workers' barrier, left the others' backups in place.
 
     Told by epochs: the model's record (`read_final_model_epochs`) against the backup's. A
     continued run's backup is of later epochs than its old model, which a copy without file
@@ -447,6 +451,8 @@ def _finished_after_backup(write_dir):
     model without a record (saved before records were written) is compared by file time.
     """
     model, record = write_dir / "model.keras", write_dir / "backup" / "training_metadata.json"
+    if not model.is_file() and output_dir is not None:
+        model = pathlib.Path(output_dir) / "model.keras"
     if not (model.is_file() and record.is_file()):
         return False
     model_epochs = read_final_model_epochs(model)
@@ -747,7 +753,7 @@ def _train(config, output_dir, write_dir, strategy, data_dir, local_dir, make_tr
 
         # Where this run stands: a backup (interrupted), a final model (finished) or nothing.
         initial_epoch = _latest_backup_epoch(write_dir)
-        if initial_epoch is not None and _finished_after_backup(write_dir):
+        if initial_epoch is not None and _finished_after_backup(write_dir, output_dir):
             shutil.rmtree(write_dir / "backup")
             initial_epoch = None
         continue_from = None
@@ -778,6 +784,8 @@ def _train(config, output_dir, write_dir, strategy, data_dir, local_dir, make_tr
                                                                     previous)
         if finished:
             print(f"{output_dir} holds {finished}.", flush=True)
+            if not chief:  # nothing of this worker's is needed any more
+                shutil.rmtree(write_dir, ignore_errors=True)
             return _load_finished_run(config, output_dir, continue_from, previous)
 
         keras.utils.set_random_seed(config.seed)
@@ -893,6 +901,8 @@ def _train(config, output_dir, write_dir, strategy, data_dir, local_dir, make_tr
         seed=config.seed,
         resume_epoch=resume_epoch,
         initial_epoch=initial_epoch,
+        # No worker deletes its backup before the chief has saved the final model.
+        before_backup_delete=worker_barrier(strategy),
     )
     late_dropout = []
     if config.late_dropout is not None:

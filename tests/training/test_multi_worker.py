@@ -272,3 +272,36 @@ def test_workers_share_one_time_budget(tmp_path, multi30k_tfds_dir):
     assert history["epoch_seconds"][1] >= slow  # worker 1's epoch, on the chief's record
     for log in logs:
         assert "after epoch 2; the next epoch" in log and "training stops here" in log
+
+
+def test_a_chief_killed_saving_the_final_model_resumes_with_every_worker(runs, tmp_path,
+                                                                         multi30k_tfds_dir):
+    # The chief killed as it wrote the final model.keras (a preemption at the very end):
+    # worker 1 had already removed its backup, so started again with the same command the
+    # workers held no common epoch ("worker 1 lost the run's backup"). Worker 1 keeps its
+    # backup until the chief has saved the final model.
+    ports = free_ports(2)
+    workers = ",".join(f"127.0.0.1:{p}" for p in ports)
+    run = tmp_path / "run"
+    commands = [
+        [sys.executable, str(_HERE / "worker_child.py"), *die, "--",
+         *_train_args(run, multi30k_tfds_dir), "--worker-index", str(index),
+         "--workers", workers]
+        for index, die in enumerate([["--die-saving-final"], []])
+    ]
+    processes = []
+    try:
+        processes = _start_workers(commands, tmp_path, "final")
+        codes = _wait(processes)
+        assert codes[0] == -9, (tmp_path / "final-0.log").read_text()[-3000:]
+        assert not (run / "model.keras").exists()
+        restart = [[sys.executable, "-m", "keras_transformer", *c[c.index("--") + 1:]]
+                   for c in commands]
+        processes = _start_workers(restart, tmp_path, "again")
+        codes = _wait(processes)
+    finally:
+        stop_processes(processes)
+    logs = [(tmp_path / f"again-{i}.log").read_text() for i in range(2)]
+    assert codes == [0, 0], [log[-3000:] for log in logs]
+    _assert_same_weights(_weights(run), _weights(runs["two"]))
+    assert _listing(run) == _listing(runs["two"])

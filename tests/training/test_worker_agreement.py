@@ -119,6 +119,26 @@ def test_a_run_killed_after_its_final_save_is_finished(tmp_path):
     assert not trainer._finished_after_backup(tmp_path)
 
 
+def test_a_worker_finds_the_chiefs_final_model_newer_than_its_backup(tmp_path):
+    # The chief killed after its final save, before the workers' barrier: worker 1 kept its
+    # backup, and never writes a model.keras of its own. Started again, it resumed from the
+    # backup (into a barrier the finished chief never reached) instead of finding the run
+    # finished in the chief's directory.
+    import keras
+
+    from keras_transformer.training.callbacks import FinalModelSaver, RunHistory
+
+    worker = tmp_path / "workertemp_1"
+    _backup(worker, 3)
+    assert not trainer._finished_after_backup(worker, tmp_path)  # no final model yet
+    saver = FinalModelSaver(tmp_path / "model.keras", run_history=RunHistory(
+        tmp_path / "history.json", initial={"epoch_seconds": [1.0] * 3}))
+    saver.set_model(keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)]))
+    saver.on_train_end()
+    assert trainer._finished_after_backup(worker, tmp_path)
+    assert not trainer._finished_after_backup(worker)  # its own directory alone
+
+
 def test_a_copied_run_tells_its_final_model_from_its_backup_by_epoch(tmp_path):
     # A copy that does not keep file times (`cp -r`, rsync without -t) can make the old
     # model.keras of a continued run look newer than its backup: the backup was deleted

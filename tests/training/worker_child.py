@@ -1,13 +1,15 @@
 """Child script of the multi-worker tests: `keras-transformer ...` that can die mid-epoch.
 
 Usage: `python worker_child.py [--kill-at EPOCH:BATCH] [--slow-epoch EPOCH:SECONDS]
--- CLI ARGS...`.
+[--die-saving-final] -- CLI ARGS...`.
 
 Runs the command line (`keras_transformer.cli.main`) unchanged, except that with
 `--kill-at E:B` the process SIGKILLs itself after batch B (1-based) of epoch E (1-based),
 like a preempted machine: no cleanup, no exception, no backup of the epoch; with
 `--slow-epoch E:S` epoch E (1-based) ends S seconds later, as this worker's clock sees it
-(a sleep just before the run's `RunHistory` times the epoch), like a slower machine.
+(a sleep just before the run's `RunHistory` times the epoch), like a slower machine; with
+`--die-saving-final` it SIGKILLs itself as it starts writing the run's final `model.keras`
+(a preemption at the very end).
 """
 
 import argparse
@@ -57,6 +59,7 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--kill-at")
     parser.add_argument("--slow-epoch")
+    parser.add_argument("--die-saving-final", action="store_true")
     parser.add_argument("cli_args", nargs=argparse.REMAINDER)
     args = parser.parse_args()
     cli_args = args.cli_args[1:] if args.cli_args[:1] == ["--"] else args.cli_args
@@ -67,6 +70,17 @@ def main():
     if args.slow_epoch:
         epoch, seconds = args.slow_epoch.split(":")
         trainer.RunHistory = slow_epoch_history(int(epoch), float(seconds))
+    if args.die_saving_final:
+        save = keras.Model.save
+
+        def die_saving(self, filepath, *positional, **keywords):
+            if os.fspath(filepath).endswith("model.keras") and (
+                    os.sep + "checkpoints" + os.sep not in os.fspath(filepath)):
+                sys.stdout.flush()
+                os.kill(os.getpid(), signal.SIGKILL)
+            return save(self, filepath, *positional, **keywords)
+
+        keras.Model.save = die_saving
     if extra:
         original = trainer.train
 
