@@ -146,3 +146,44 @@ def test_same_seed_same_batches(real_pairs, real_tokenizer):
     first, again, other = batches(7), batches(7), batches(8)
     assert first == again
     assert first != other
+
+
+_LONG_PAIR_SCRIPT = r"""
+import resource, sys
+import tensorflow as tf
+from keras_transformer.data import make_translation_dataset
+
+class Words:  # every word one id
+    def tokenize(self, strings, max_length=None, add_start=False, add_end=False):
+        ids = tf.ragged.map_flat_values(lambda w: tf.fill(tf.shape(w), 10),
+                                        tf.strings.split(strings))
+        if max_length is not None:
+            ids = ids[:, :max_length - int(add_end)]
+        if add_end:
+            ids = tf.concat([ids, tf.RaggedTensor.from_tensor(tf.fill([ids.nrows(), 1], 2))], 1)
+        return ids
+
+sources = ["a b c"] * 1023 + [" ".join(["a"] * 100_000)]  # one 100,000-word line
+ds = make_translation_dataset(
+    tf.data.Dataset.from_tensor_slices({"en": sources, "de": sources}), Words(), Words(),
+    batch_size=64, max_length=16, drop_long=True, shuffle=False)
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+pairs = sum(int(labels.shape[0]) for _, labels in ds)
+grown = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024
+print(pairs, round(grown))
+"""
+
+
+def test_one_very_long_pair_is_dropped_without_padding_its_chunk_to_its_length():
+    # Tokenized 1,024 pairs at a time, a chunk was padded to its longest row, three times
+    # (encoder, decoder, labels), before the long pairs were dropped: one 100,000-token
+    # line (a misaligned corpus) cost 1,024 x 100,000 x 4 bytes x 3 = 1.2 GB, every epoch.
+    import subprocess
+    import sys
+
+    completed = subprocess.run([sys.executable, "-c", _LONG_PAIR_SCRIPT], capture_output=True,
+                               text=True, timeout=300)
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    pairs, grown_mb = map(int, completed.stdout.split()[-2:])
+    assert pairs == 1023  # the long pair dropped, the others kept
+    assert grown_mb < 300, f"peak memory grew by {grown_mb} MB"
