@@ -178,6 +178,8 @@ class Decoder(Encoder):
         training=None,
         skip_padding=None,
     ):
+        if cache is None and encoder_outputs is None:  # as `call`, before a model is built
+            raise ValueError("`encoder_outputs` is required when no cache is passed.")
         # The same structure as `call`, so symbolic (functional) calls match eager ones.
         results = (self._outputs_spec(inputs),)
         if return_attention_scores:

@@ -180,9 +180,10 @@ class PositionalEmbedding(keras.layers.Layer):
         dtype = keras.backend.standardize_dtype(inputs.dtype)
         if "int" not in dtype:
             raise TypeError(
-                f"{self.name} expects integer token ids, got {dtype} (keras.Input's default): "
-                f"use keras.Input(shape=(None,), dtype=\"int32\"). Float ids would embed "
-                "but compute no padding mask."
+                f"{self.name} expects integer token ids, got {dtype} (keras.Input's default; "
+                "a keras.Sequential without an Input makes its input in the first layer's "
+                "float dtype): start the model with keras.Input(shape=(None,), "
+                "dtype=\"int32\"). Float ids would embed but compute no padding mask."
             )
         length = inputs.shape[-1]
         if not isinstance(start_index, numbers.Integral):
@@ -203,6 +204,11 @@ class PositionalEmbedding(keras.layers.Layer):
         if not self.mask_zero or "int" not in str(inputs.dtype):
             return None
         return ops.not_equal(inputs, 0)
+
+    def compute_output_shape(self, input_shape):
+        """Token ids `(B, T)` -> `(B, T, d_model)` (the projection, `reverse=True`, gives
+        `(B, T, vocab_size)`: `compute_output_spec` knows both)."""
+        return tuple(input_shape) + (self.d_model,)
 
     def compute_output_spec(self, inputs, start_index=0, reverse=False, padding_mask=None,
                             training=None):

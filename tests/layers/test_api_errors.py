@@ -244,3 +244,31 @@ def test_token_ids_must_be_a_batch_of_sequences():
         with pytest.raises(ValueError, match=r"token ids of shape \(B, T\)"):
             embedding(ids)
     assert embedding(np.array([[5, 6, 7]])).shape == (1, 3, 16)
+
+
+def test_a_sequential_without_an_input_is_told_how_to_declare_integer_ids():
+    # keras.Sequential without an Input builds its input in the first layer's float dtype:
+    # the error blamed a `keras.Input` the user never wrote.
+    model = keras.Sequential([PositionalEmbedding(20, 8), EncoderBlock(2, 16)])
+    with pytest.raises(TypeError, match=r"keras\.Sequential.*keras\.Input\(shape=\(None,\), "
+                                        r"dtype=\"int32\"\)"):
+        model(np.array([[5, 7, 0]], "int32"))
+    model = keras.Sequential([keras.Input((None,), dtype="int32"), PositionalEmbedding(20, 8),
+                              EncoderBlock(2, 16)])
+    assert tuple(model(np.array([[5, 7, 0]], "int32")).shape) == (1, 3, 8)
+
+
+@pytest.mark.parametrize("layer", [DecoderBlock(2, 16), Decoder(1, 2, 16)],
+                         ids=["DecoderBlock", "Decoder"])
+def test_a_decoder_without_memory_is_refused_when_the_model_is_built(layer):
+    # Accepted symbolically (`keras.Model` built), refused only at the model's first run.
+    with pytest.raises(ValueError, match="encoder_outputs"):
+        layer(keras.Input((None, 8)))
+
+
+def test_positional_embedding_computes_its_output_shape():
+    # Wrappers (TimeDistributed) and user code call compute_output_shape: it raised
+    # NotImplementedError.
+    embedding = PositionalEmbedding(20, 8)
+    assert embedding.compute_output_shape((None, None)) == (None, None, 8)
+    assert embedding.compute_output_shape((2, 5)) == (2, 5, 8)
