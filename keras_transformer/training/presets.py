@@ -227,7 +227,9 @@ class TrainingConfig:
     )
     epochs: int = _field(10, "Number of passes over the (sub)set of training data.")
     steps_per_epoch: int | None = _field(
-        None, "Batches per epoch; None means one full pass over the data."
+        None, "Batches per epoch; None means one full pass over the data. Shorter than a "
+        "pass (epochs as checkpoint intervals on a large corpus), each epoch goes on where "
+        "the last one stopped in the shuffled passes, so every pair is read in turn."
     )
 
     time_budget_minutes: float | None = _field(

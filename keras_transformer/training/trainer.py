@@ -583,6 +583,11 @@ def segmentation_samplers(config, train_pairs, source_tokenizer, target_tokenize
                                            (target_tokenizer, targets, "target")))
 
 
+# The passes of `make_epoch_train_dataset`'s stream: more than any run reads (its `take`
+# ends it), few enough that a pass number times the seed stride stays an int64.
+_PASSES_END = 2**31
+
+
 def make_epoch_train_dataset(config, train_pairs, source_tokenizer, target_tokenizer,
                              replicas=1, initial_epoch=0, data_report=None, samplers=None):
     """Training batches of epochs `initial_epoch, ..., config.epochs - 1`, back to back.
@@ -616,31 +621,35 @@ def make_epoch_train_dataset(config, train_pairs, source_tokenizer, target_token
                               for side, sampler in enumerate(samplers))
         return make_translation_dataset(
             train_pairs, source, target, shuffle=True, seed=seed,
-            repeat=config.steps_per_epoch is not None or (samplers is not None and sampled),
+            repeat=samplers is not None and sampled,  # cut to a pass's batch count
             # Cached data would be cached per epoch here, so it is not cached at all:
             # tokenizing a corpus is cheap next to training on it.
             cache=False, **batching,
         )
 
-    steps = config.steps_per_epoch
-    if steps is None and data_report is not None:
-        steps = data_report.batches["train"]
-    if steps is None:
-        # The number of batches does not depend on the order: every length bucket
-        # yields ceil(its examples / its batch size) batches, so one count holds for
-        # every epoch.
-        steps = int(one_epoch(tf.constant(0, tf.int64), sampled=False).reduce(
+    # The batches of one pass over the data. Their number does not depend on the order:
+    # every length bucket yields ceil(its examples / its batch size) batches, so one count
+    # holds for every pass (a sampled pass is cut or repeated to it).
+    per_pass = data_report.batches["train"] if data_report is not None else None
+    if per_pass is None:
+        per_pass = int(one_epoch(tf.constant(0, tf.int64), sampled=False).reduce(
             0, lambda count, _: count + 1))
+    steps = config.steps_per_epoch or per_pass
 
-    def epoch_batches(epoch):
-        batches = one_epoch(epoch)
-        if config.steps_per_epoch is not None or samplers is not None:
-            batches = batches.take(steps)
-        return batches
+    def pass_batches(index):
+        batches = one_epoch(index)
+        return batches.take(per_pass) if samplers is not None else batches
 
-    dataset = tf.data.Dataset.range(initial_epoch, max(config.epochs, initial_epoch)).flat_map(
-        epoch_batches
-    )
+    # Epochs are consecutive slices of one stream of passes, pass `p` shuffled with
+    # `epoch_seed(seed, p)`: with `steps_per_epoch` shorter than a pass, the next epoch
+    # goes on where the last one stopped (restarting each pass would never reach what lies
+    # past its first `steps_per_epoch` batches), and a resumed run starts in the pass, and
+    # at the batch, where epoch `initial_epoch` starts. Without it, epoch `e` is pass `e`.
+    start = initial_epoch * steps
+    first_pass = start // per_pass
+    dataset = tf.data.Dataset.range(first_pass, _PASSES_END).flat_map(pass_batches)
+    dataset = dataset.skip(start - first_pass * per_pass).take(
+        max(config.epochs - initial_epoch, 0) * steps)
     return dataset.prefetch(tf.data.AUTOTUNE), steps
 
 

@@ -103,3 +103,40 @@ def test_config_rejects_bad_subword_settings():
         get_preset("tiny").replace(subword_nbest=0)
     with pytest.raises(ValueError, match="subword_alpha"):
         get_preset("tiny").replace(subword_alpha=-0.5)
+
+
+@pytest.mark.parametrize("sampled", [False, True], ids=["best", "sampled"])
+def test_epochs_of_steps_per_epoch_follow_each_other_through_the_data(data, sampled):
+    # `steps_per_epoch` shorter than a pass (epochs as checkpoint intervals on a large
+    # corpus) started every epoch again at the top of a freshly shuffled pass: what lay
+    # past the first `steps_per_epoch` batches of a pass was never trained on (read from a
+    # file through a bounded shuffle buffer: the end of the file, never). Epochs are
+    # consecutive slices of one stream of passes, and a resumed run reads the same slices.
+    config, pairs, (source, target) = data
+    config = config.replace(subword_nbest=8 if sampled else 1)
+    _, per_pass = make_epoch_train_dataset(config.replace(subword_nbest=1), pairs, source,
+                                           target)
+    steps = per_pass // 3 + 1
+    config = config.replace(steps_per_epoch=steps, epochs=4)
+    samplers = (segmentation_samplers(config, pairs, source, target, log=lambda _: None)
+                if sampled else None)
+    dataset, got_steps = make_epoch_train_dataset(config, pairs, source, target,
+                                                  samplers=samplers)
+    assert got_steps == steps
+    epochs = _epochs(dataset, steps)
+    assert [len(epoch) for epoch in epochs] == [steps] * 4
+    if not sampled:  # the first pass's batches hold every training pair once
+        first_pass = [batch for epoch in epochs for batch in epoch][:per_pass]
+        # (compared by their starts: a pair longer than `max_length` is cut)
+        read = sorted(text[:40] for batch in first_pass
+                      for text in target.detokenize(batch[2]).numpy().tolist())
+        target_lang = trainer.run_languages(config)[1]
+        expected = sorted(pair[target_lang][:40] for pair in pairs.as_numpy_iterator())
+        assert len(read) == len(expected) == PAIRS and read == expected
+    again = (segmentation_samplers(config, pairs, source, target, log=lambda _: None)
+             if sampled else None)
+    resumed, _ = make_epoch_train_dataset(config, pairs, source, target, initial_epoch=2,
+                                          samplers=again)
+    resumed_epochs = _epochs(resumed, steps)
+    assert len(resumed_epochs) == 2
+    assert _same(resumed_epochs[0], epochs[2]) and _same(resumed_epochs[1], epochs[3])
