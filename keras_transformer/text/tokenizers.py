@@ -51,10 +51,12 @@ def reservoir_sample(items, max_items, seed=0):
     return reservoir
 
 
-def _split_pairs(pairs, src_lang, tgt_lang, max_pairs=None, seed=0):
+def _split_pairs(pairs, src_lang, tgt_lang, max_pairs=None, seed=0, max_chars=None):
     """Returns (source sentences, target sentences) as two lists of str.
 
-    With `max_pairs`, a uniform sample of at most that many pairs (one streaming pass).
+    With `max_pairs`, a uniform sample of at most that many pairs (one streaming pass);
+    with `max_chars`, a sample of more characters (both sides) is cut to a uniform subset
+    of its pairs within that many (at least one pair), keeping their order.
     """
     if hasattr(pairs, "as_numpy_iterator"):  # tf.data.Dataset of {lang: string}
         pairs = pairs.as_numpy_iterator()
@@ -70,6 +72,17 @@ def _split_pairs(pairs, src_lang, tgt_lang, max_pairs=None, seed=0):
             source, target = pair
         sources.append(_as_str(source))
         targets.append(_as_str(target))
+    if max_chars and sum(map(len, sources)) + sum(map(len, targets)) > max_chars:
+        order = list(range(len(sources)))
+        random.Random(seed).shuffle(order)
+        kept, total = [], 0
+        for index in order:
+            total += len(sources[index]) + len(targets[index])
+            if total > max_chars and kept:
+                break
+            kept.append(index)
+        kept.sort()
+        sources, targets = [sources[i] for i in kept], [targets[i] for i in kept]
     return sources, targets
 
 
@@ -82,6 +95,7 @@ def train_tokenizers(
     output_dir=".",
     max_pairs=None,
     seed=0,
+    max_chars=None,
     **sentencepiece_options,
 ):
     """Trains the tokenizers of a language pair and saves their `.model` files.
@@ -106,6 +120,11 @@ def train_tokenizers(
             millions of pairs costs only the sample in memory and in SentencePiece's
             training time. Defaults to `None` (every pair).
         seed: int, seed of the sample. Defaults to `0`.
+        max_chars: int or None, at most this many characters (both sides) of text: a
+            larger sample is cut to a uniform subset of its pairs. SentencePiece's memory
+            grows with the text (about 20 MiB of RSS per MiB), not with the number of
+            lines, so `max_pairs` alone does not bound it on long lines. Defaults to
+            `None` (no bound).
         **sentencepiece_options: passed on to `train_sentencepiece`.
 
     Returns:
@@ -122,7 +141,7 @@ def train_tokenizers(
     True
     """
     output_dir = pathlib.Path(output_dir)
-    sources, targets = _split_pairs(pairs, src_lang, tgt_lang, max_pairs, seed)
+    sources, targets = _split_pairs(pairs, src_lang, tgt_lang, max_pairs, seed, max_chars)
     if shared:
         path = train_sentencepiece(
             sources + targets, output_dir / MODEL_FILENAME, vocab_size, **sentencepiece_options

@@ -159,7 +159,8 @@ class TrainingConfig:
         200_000, "The vocabulary is trained on a uniform sample of at most this many training "
         "pairs (reservoir sampling in one pass), so its memory and time are bounded "
         "(SentencePiece on 200,000 pairs peaks at ~1.5 GiB RSS, on 500,000 at ~2.7 GiB: "
-        "benchmarks/pipeline_2m.py)."
+        "benchmarks/pipeline_2m.py). Its memory grows with the text, so the sample also "
+        "holds at most 40 million characters (fewer pairs where lines are long)."
     )
     drop_long_pairs: bool = _field(
         True, "Drop training/validation pairs longer than max_length tokens on either side "

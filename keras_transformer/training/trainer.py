@@ -142,6 +142,7 @@ def prepare_tokenizers(config, train_split, output_dir):
         output_dir=directory,
         max_pairs=config.tokenizer_sample_pairs,
         seed=config.seed,
+        max_chars=TOKENIZER_SAMPLE_CHARS,
     )
     print(f"Trained a {config.vocab_size}-piece {'shared' if config.shared_vocabulary else 'separate'}"
           f" SentencePiece vocabulary in {time.time() - started:.1f}s -> {directory}", flush=True)
@@ -582,6 +583,12 @@ def segmentation_samplers(config, train_pairs, source_tokenizer, target_tokenize
         for tokenizer, sentences, side in ((source_tokenizer, sources, "source"),
                                            (target_tokenizer, targets, "target")))
 
+
+# Characters (both sides) the vocabulary's sample holds at most, whatever
+# `tokenizer_sample_pairs` says: SentencePiece takes about 20 MiB of memory per MiB of text,
+# so paragraph-long lines made 200,000 pairs many GiB. 200,000 Multi30K-length pairs are
+# about 26 million characters: the presets' samples are within it.
+TOKENIZER_SAMPLE_CHARS = 40_000_000
 
 # The passes of `make_epoch_train_dataset`'s stream: more than any run reads (its `take`
 # ends it), few enough that a pass number times the seed stride stays an int64.

@@ -73,6 +73,33 @@ def test_train_tokenizers_reads_a_bounded_sample_of_a_stream(tmp_path, monkeypat
     assert seen["sentences"] == 1000  # 500 pairs, both sides of a shared vocabulary
 
 
+def test_the_vocabulary_sample_is_bounded_in_characters_too(tmp_path, monkeypatch):
+    # `max_pairs` bounded pairs, not text: SentencePiece's memory grows with the characters
+    # (about 20 MiB of RSS per MiB of text), so a corpus of paragraph-long lines made the
+    # 200,000-pair sample take many GiB. `max_chars` bounds the sample's text as well, by a
+    # uniform subset of the pairs; a sample within it is passed on unchanged.
+    from keras_transformer.text import tokenizers
+
+    seen = {}
+    real = tokenizers.train_sentencepiece
+
+    def recording(sentences, *args, **kwargs):
+        seen["sentences"] = list(sentences)
+        return real(sentences, *args, **kwargs)
+
+    monkeypatch.setattr(tokenizers, "train_sentencepiece", recording)
+    words = ["dog", "cat", "runs", "the", "a", "red", "ball", "Hund", "Katze", "rennt"]
+    pairs = [(" ".join(words[(i + k) % 10] for k in range(200)), words[i % 10] * 3)
+             for i in range(400)]  # about 1,000 characters a pair
+    chars = lambda: sum(len(line) for line in seen["sentences"])  # noqa: E731
+    train_tokenizers(iter(pairs), "en", "de", vocab_size=300, output_dir=tmp_path / "a",
+                     max_pairs=300, max_chars=50_000, hard_vocab_limit=False)
+    assert 40_000 < chars() <= 50_000
+    train_tokenizers(iter(pairs[:40]), "en", "de", vocab_size=300, output_dir=tmp_path / "b",
+                     max_pairs=300, max_chars=50_000, hard_vocab_limit=False)
+    assert seen["sentences"] == [p[0] for p in pairs[:40]] + [p[1] for p in pairs[:40]]
+
+
 def test_a_target_vocabulary_that_fails_leaves_no_source_model(tmp_path):
     # With separate vocabularies the source model was written before the target's failed:
     # the run then held a tokenizer/ and a retry with the advised vocab_size was refused as
