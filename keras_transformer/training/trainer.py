@@ -287,6 +287,10 @@ def make_datasets(config, splits, source_tokenizer, target_tokenizer, replicas=1
 # Config fields a resumed or continued run may change: neither the data, the model nor
 # the optimization depends on them.
 RESUMABLE_FIELDS = ("epochs", "keep_checkpoints", "time_budget_minutes")
+# What the run's vocabulary (`prepare_tokenizers`) is made from: until an epoch is trained
+# every other field may change (the data report is counted again when its settings do).
+VOCABULARY_FIELDS = ("vocab_size", "shared_vocabulary", "data", "data_files", "source_lang",
+                     "target_lang", "tokenizer_sample_pairs", "train_subset", "seed")
 # A run directory holds these (written by `train`); a directory without any of them is
 # not a run directory (see `is_run_directory`).
 RUN_MARKERS = ("config.json", "history.json", "model.keras", "backup", "tokenizer")
@@ -403,9 +407,14 @@ def check_resumable(config, run_dir):
         run_dir: path-like, a run directory (without `config.json`, or with nothing else
             from a start that failed before its vocabulary, nothing is checked).
 
+    Until an epoch is trained (`_trained_files`), only the fields the vocabulary on disk
+    was made from (`VOCABULARY_FIELDS`) must stay: a start cut short, or refused after its
+    vocabulary (too many pairs for subword sampling), is started again with other settings.
+
     Raises:
         ConfigMismatchError: listing every field that differs, except those in
-            `RESUMABLE_FIELDS`.
+            `RESUMABLE_FIELDS` (and, before the first epoch, those not in
+            `VOCABULARY_FIELDS`).
     """
     path = pathlib.Path(run_dir) / "config.json"
     if not path.is_file():
@@ -420,6 +429,8 @@ def check_resumable(config, run_dir):
     differing = [
         name for name in current if name not in RESUMABLE_FIELDS and saved[name] != current[name]
     ]
+    if differing and not _trained_files(path.parent):
+        differing = [name for name in differing if name in VOCABULARY_FIELDS]
     if differing:
         lines = "\n".join(
             f"  {name}: {saved[name]!r} in the run, {current[name]!r} now" for name in differing
@@ -573,7 +584,8 @@ def segmentation_samplers(config, train_pairs, source_tokenizer, target_tokenize
             raise ValueError(
                 f"subword_nbest={config.subword_nbest} keeps every training sentence's "
                 f"segmentations in memory, for at most {CACHE_MAX_PAIRS:,} pairs; this "
-                "training set has more. Use subword_nbest=1 or train_subset.")
+                "training set has more. Run the same command with --set subword_nbest=1 "
+                "(the vocabulary made so far is kept) or a train_subset.")
         sources.append(pair[source_lang])
         targets.append(pair[target_lang])
     return tuple(

@@ -220,6 +220,7 @@ def test_changed_config_is_refused_listing_the_fields(tmp_path):
     config = get_preset("tiny")
     (tmp_path / "config.json").write_text(json.dumps(config.to_dict()))
     (tmp_path / "tokenizer").mkdir()  # a run that got past its start
+    (tmp_path / "history.json").write_text(json.dumps({"epoch_seconds": [1.0]}))  # an epoch
     check_resumable(config.replace(epochs=7, keep_checkpoints=2), tmp_path)  # allowed
     with pytest.raises(ConfigMismatchError) as raised:
         check_resumable(config.replace(d_model=32, dropout=0.2, epochs=7), tmp_path)
@@ -227,6 +228,24 @@ def test_changed_config_is_refused_listing_the_fields(tmp_path):
     assert "d_model: 16 in the run, 32 now" in message
     assert "dropout: 0.0 in the run, 0.2 now" in message
     assert "epochs:" not in message
+
+
+def test_a_run_with_no_epoch_trained_takes_new_settings_its_vocabulary_allows(tmp_path):
+    # The multi30k preset on a corpus of more pairs than subword sampling keeps was refused
+    # after its vocabulary and data report, advising subword_nbest=1; that retry was then
+    # refused as "trained with a different configuration" though no epoch was trained: only
+    # --overwrite, training the vocabulary again, got out. Settings the vocabulary does not
+    # depend on may change until an epoch is trained (the data report is counted again when
+    # its own settings change); the vocabulary's are still refused, it is on disk.
+    config = get_preset("tiny").replace(subword_nbest=16)
+    (tmp_path / "config.json").write_text(json.dumps(config.to_dict()))
+    (tmp_path / "tokenizer").mkdir()
+    check_resumable(config.replace(subword_nbest=1, d_model=32, max_length=40), tmp_path)
+    with pytest.raises(ConfigMismatchError, match="vocab_size"):
+        check_resumable(config.replace(vocab_size=500, subword_nbest=1), tmp_path)
+    (tmp_path / "history.json").write_text(json.dumps({"epoch_seconds": [1.0]}))
+    with pytest.raises(ConfigMismatchError, match="subword_nbest"):
+        check_resumable(config.replace(subword_nbest=1), tmp_path)
 
 
 def test_a_config_naming_no_languages_resumes_a_run_that_recorded_them(tmp_path):
