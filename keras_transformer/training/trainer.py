@@ -133,6 +133,9 @@ def prepare_tokenizers(config, train_split, output_dir):
               "vocabulary is trained again.", flush=True)
     started = time.time()
     source_lang, target_lang = run_languages(config)
+    # One pass over the training data, then SentencePiece: minutes on a large corpus.
+    print(f"Training a {config.vocab_size}-piece vocabulary on a sample of at most "
+          f"{config.tokenizer_sample_pairs:,} training pairs...", flush=True)
     tokenizers = train_tokenizers(
         train_split,
         source_lang,
@@ -832,7 +835,8 @@ def _train(config, output_dir, write_dir, strategy, data_dir, local_dir, make_tr
             config, itertools.islice(source.pairs("train"), config.train_subset), write_dir)
         data_report = prepare_data_report(
             source, config, source_tokenizer, target_tokenizer, write_dir, replicas,
-            resuming=bool(initial_epoch))
+            resuming=bool(initial_epoch),
+            log=(lambda message: print(message, flush=True)) if chief else None)
     except (ValueError, OSError) as error:
         agree_with_workers(strategy, config, None, 0, write_dir, failure=error)
         raise

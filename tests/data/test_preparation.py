@@ -55,6 +55,30 @@ def test_counting_a_split_holds_no_array_of_its_size(toy_corpus, toy_tokenizer, 
                       {"batch_size": 7})[1] == expected[1]
 
 
+def test_counting_a_large_split_tells_its_progress(toy_corpus, toy_tokenizer, tmp_path,
+                                                  monkeypatch):
+    # The counting pass printed nothing until its report: on a corpus of tens of millions
+    # of pairs, many silent minutes after the vocabulary's line.
+    from keras_transformer.data import preparation
+
+    monkeypatch.setattr(preparation, "_SCAN_CHUNK", 8)
+    monkeypatch.setattr(preparation, "_SCAN_PROGRESS_EVERY", 32)
+    source = open_source("files", toy_corpus["files"])
+    messages = []
+    report, _ = scan_split(source, "train", toy_tokenizer, toy_tokenizer, 8, {"batch_size": 7},
+                           log=messages.append)
+    read = report.to_dict()["read"]
+    assert read > 64 and len(messages) == read // 32, messages
+    assert messages[0].startswith("Counting the train split: 32 pairs so far")
+    assert scan_split(source, "train", toy_tokenizer, toy_tokenizer, 8,
+                      {"batch_size": 7})[0] == report  # silent without a log
+    messages.clear()
+    config = get_preset("tiny").replace(data="files", data_files=toy_corpus["files"])
+    prepare_data_report(source, config, toy_tokenizer, toy_tokenizer, tmp_path,
+                        log=messages.append)
+    assert any(m.startswith("Counting the train split") for m in messages)
+
+
 @pytest.mark.parametrize("batching", [
     dict(batch_size=7),
     dict(tokens_per_batch=64),
