@@ -482,8 +482,12 @@ def _short_hash(value):
     return int(hashlib.blake2b(text.encode(), digest_size=6).hexdigest(), 16)
 
 
+class RunFinishedElsewhere(Exception):
+    """Another worker holds the finished run (`agree_with_workers`): nothing to train."""
+
+
 def agree_with_workers(strategy, config, data_report, initial_epoch, write_dir,
-                       restartable=True, failure=None):
+                       restartable=True, failure=None, finished=False):
     """The epoch every worker resumes after; refuses workers that would train apart.
 
     Every worker of a cluster runs this at the same point (a collective op), with its own
@@ -500,12 +504,16 @@ def agree_with_workers(strategy, config, data_report, initial_epoch, write_dir,
             finished run it continues from its final model).
         failure: the exception this worker stopped with before the agreement, or `None`:
             it takes part, then raises it; the others stop too, saying which worker failed.
+        finished: bool, this worker holds the run finished (nothing to train): it takes
+            part, and the workers that do not (their disk holds nothing of the run) stop
+            with `RunFinishedElsewhere` rather than wait for it in a collective.
 
     Returns:
         int, the epoch to resume after (`initial_epoch` outside a cluster).
 
     Raises:
         ValueError: workers that disagree, naming them.
+        RunFinishedElsewhere: another worker holds the run finished.
     """
     if task_of(strategy)[0] is None:
         if failure is not None:
@@ -514,6 +522,8 @@ def agree_with_workers(strategy, config, data_report, initial_epoch, write_dir,
     # This worker's row: [failed, settings, data, restartable, latest epoch, previous or -1].
     if failure is not None:
         row = [1, 0, 0, 0, -1, -1]
+    elif finished:
+        row = [2, 0, 0, 0, initial_epoch, -1]
     else:
         settings = {k: v for k, v in config.to_dict().items() if k != "data_files"}
         # What each split holds, not where from (the files may sit elsewhere on each machine).
@@ -531,10 +541,16 @@ def agree_with_workers(strategy, config, data_report, initial_epoch, write_dir,
     per_worker = max(len(rows) // (num_workers_from_tf_config() or len(rows)), 1)
     rows = rows[::per_worker]
     workers = [f"worker {i}" for i in range(len(rows))]
-    failed = [w for w, row in zip(workers, rows) if row[0]]
+    failed = [w for w, row in zip(workers, rows) if row[0] == 1]
     if failed:
         raise ValueError(f"{', '.join(failed)} stopped before training (its own message says "
                          "why): every worker stops; mend it and start them all again.")
+    done = [(w, int(row[4])) for w, row in zip(workers, rows) if row[0] == 2]
+    if finished:
+        return initial_epoch
+    if done:
+        raise RunFinishedElsewhere(f"{done[0][0]} holds the finished run ({done[0][1]} "
+                                   "epoch(s))")
     rows = [[row[1], row[2]] + row[4:] + ([0] if row[3] else []) for row in rows]
     for column, what in ((0, "settings (run the same --preset, --config and --set on every "
                           "worker)"), (1, "data (the same files, with the same content)")):
@@ -813,35 +829,45 @@ def _train(config, output_dir, write_dir, strategy, data_dir, local_dir, make_tr
             source.check_directions()
         finished = continue_from is not None and _nothing_to_train(config, initial_epoch,
                                                                     previous)
-        if finished:
-            print(f"{output_dir} holds {finished}.", flush=True)
-            if not chief:  # nothing of this worker's is needed any more
-                shutil.rmtree(write_dir, ignore_errors=True)
-            return _load_finished_run(config, output_dir, continue_from, previous)
+        if not finished:  # (a finished run is told to the others below)
+            keras.utils.set_random_seed(config.seed)
+            precision = resolve_precision(config.precision)
+            if config.precision == "auto" and chief:
+                print(f"precision 'auto': {precision or 'float32'} on this machine", flush=True)
+            keras.config.set_dtype_policy(precision or "float32")
+            replicas = strategy.num_replicas_in_sync
+            if chief:
+                # Atomically: other workers may read it (a shared filesystem) at this moment.
+                write_json_atomically(output_dir / "config.json", config.to_dict(), indent=2)
 
-        keras.utils.set_random_seed(config.seed)
-        precision = resolve_precision(config.precision)
-        if config.precision == "auto" and chief:
-            print(f"precision 'auto': {precision or 'float32'} on this machine", flush=True)
-        keras.config.set_dtype_policy(precision or "float32")
-        replicas = strategy.num_replicas_in_sync
-        if chief:
-            # Atomically: other workers may read it (a shared filesystem) at this moment.
-            write_json_atomically(output_dir / "config.json", config.to_dict(), indent=2)
-
-        splits = {split: source.dataset(split) if split in source.splits() else None
-                  for split in ("train", "validation")}
-        source_tokenizer, target_tokenizer = prepare_tokenizers(
-            config, itertools.islice(source.pairs("train"), config.train_subset), write_dir)
-        data_report = prepare_data_report(
-            source, config, source_tokenizer, target_tokenizer, write_dir, replicas,
-            resuming=bool(initial_epoch),
-            log=(lambda message: print(message, flush=True)) if chief else None)
+            splits = {split: source.dataset(split) if split in source.splits() else None
+                      for split in ("train", "validation")}
+            source_tokenizer, target_tokenizer = prepare_tokenizers(
+                config, itertools.islice(source.pairs("train"), config.train_subset), write_dir)
+            data_report = prepare_data_report(
+                source, config, source_tokenizer, target_tokenizer, write_dir, replicas,
+                resuming=bool(initial_epoch),
+                log=(lambda message: print(message, flush=True)) if chief else None)
     except (ValueError, OSError) as error:
         agree_with_workers(strategy, config, None, 0, write_dir, failure=error)
         raise
-    agreed_epoch = agree_with_workers(strategy, config, data_report, initial_epoch, write_dir,
-                                      restartable=continue_from is None)
+    if finished:
+        print(f"{output_dir} holds {finished}.", flush=True)
+        if not chief:  # nothing of this worker's is needed any more
+            shutil.rmtree(write_dir, ignore_errors=True)
+        # With the others: some may not see the run (no shared filesystem) and wait for it.
+        agree_with_workers(strategy, config, None, initial_epoch, write_dir, finished=True)
+        return _load_finished_run(config, output_dir, continue_from, previous)
+    try:
+        agreed_epoch = agree_with_workers(strategy, config, data_report, initial_epoch,
+                                          write_dir, restartable=continue_from is None)
+    except RunFinishedElsewhere as elsewhere:
+        print(f"{elsewhere}: nothing to train on this worker.", flush=True)
+        if not chief:
+            shutil.rmtree(write_dir, ignore_errors=True)
+        return TrainingRun(model=None, source_tokenizer=source_tokenizer,
+                           target_tokenizer=target_tokenizer, config=config,
+                           output_dir=output_dir, history={}, train_seconds=0.0)
     resume_epoch = None
     if agreed_epoch != initial_epoch:  # another worker's backup is an epoch behind
         initial_epoch = resume_epoch = agreed_epoch

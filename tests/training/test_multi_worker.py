@@ -167,7 +167,7 @@ def runs(tmp_path_factory, multi30k_tfds_dir):
     finally:
         stop_processes(processes)
     return {"single": single, "two": two, "killed": killed, "root": root,
-            "launch_output": launched.stdout}
+            "launch_output": launched.stdout, "tfds": tfds}
 
 
 def test_two_workers_train_like_one_process(runs):
@@ -304,4 +304,34 @@ def test_a_chief_killed_saving_the_final_model_resumes_with_every_worker(runs, t
     logs = [(tmp_path / f"again-{i}.log").read_text() for i in range(2)]
     assert codes == [0, 0], [log[-3000:] for log in logs]
     _assert_same_weights(_weights(run), _weights(runs["two"]))
+    assert _listing(run) == _listing(runs["two"])
+
+
+def test_a_finished_run_started_again_on_workers_without_a_shared_disk_ends(runs, tmp_path):
+    # Started again after it finished, the chief found the run finished and left before the
+    # workers' agreement; worker 1, whose disk holds nothing of the run (no shared
+    # filesystem), started a new run and waited in the agreement for a chief that had gone
+    # (then "start every worker again", which did the same). The finished chief takes part.
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(runs["two"], run)
+    ports = free_ports(2)
+    workers = ",".join(f"127.0.0.1:{p}" for p in ports)
+    tfds = runs["tfds"]
+    commands = [
+        [sys.executable, "-m", "keras_transformer", *_train_args(output, tfds),
+         "--worker-index", str(index), "--workers", workers]
+        for index, output in enumerate([run, tmp_path / "worker-1-disk"])
+    ]
+    processes = []
+    try:
+        processes = _start_workers(commands, tmp_path, "again")
+        codes = _wait(processes)
+    finally:
+        stop_processes(processes)
+    logs = [(tmp_path / f"again-{i}.log").read_text() for i in range(2)]
+    assert codes == [0, 0], [log[-3000:] for log in logs]
+    assert "nothing to train" in logs[0]
+    assert "worker 0 holds the finished run" in logs[1], logs[1][-3000:]
     assert _listing(run) == _listing(runs["two"])
