@@ -34,14 +34,31 @@ def partial_path(path):
     return path.with_name(f".partial-{os.getpid()}-{path.name}")
 
 
+def flush_to_disk(path):
+    """`fsync`s a file or a directory: its content (a directory's: its names, a rename
+    into it) is on the disk when this returns, not only in the page cache."""
+    descriptor = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
+
+
 def replace_atomically(path, write):
     """Writes `path` whole or not at all: `write(partial)` writes `partial_path(path)`,
     renamed over `path` once complete. A kill or a full disk during the write leaves the
-    previous file (or none), never a truncated one; a failed write leaves no partial file."""
+    previous file (or none), never a truncated one; a failed write leaves no partial file.
+    The file is flushed to the disk before the rename and the rename after it, so that a
+    machine that stops (a power loss, a hard stop) does not leave the name on an empty or
+    truncated file either."""
+    path = pathlib.Path(path)
     temporary = partial_path(path)
     try:
         write(temporary)
+        if temporary.is_file():
+            flush_to_disk(temporary)
         os.replace(temporary, path)
+        flush_to_disk(path.parent)
     finally:
         with contextlib.suppress(FileNotFoundError):
             temporary.unlink()

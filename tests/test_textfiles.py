@@ -26,6 +26,46 @@ def test_an_atomic_write_replaces_the_file_whole_and_leaves_no_partial_file(tmp_
     assert textfiles.partial_path(path) == tmp_path / f".partial-{os.getpid()}-vocab.model"
 
 
+def _record_fsyncs(monkeypatch):
+    """`os.fsync` recording, in order, what each call flushed (a path)."""
+    synced, real = [], os.fsync
+
+    def recording(fd):
+        synced.append(os.readlink(f"/proc/self/fd/{fd}"))
+        return real(fd)
+
+    monkeypatch.setattr(os, "fsync", recording)
+    return synced
+
+
+def test_an_atomic_write_reaches_the_disk_before_it_is_named(tmp_path, monkeypatch):
+    # Renamed into place but never flushed: after a power loss or a hard stop of the machine
+    # (not a killed process) the new name could hold an empty or truncated file, which a
+    # resumed run then trusted. The content is flushed before the rename, and the rename
+    # (the directory) after it.
+    synced = _record_fsyncs(monkeypatch)
+    path = tmp_path / "model.keras"
+    textfiles.write_bytes_atomically(path, b"weights")
+    assert synced == [str(textfiles.partial_path(path)), str(tmp_path)]
+
+
+def test_a_backup_is_on_the_disk_before_its_record_names_it(tmp_path, monkeypatch):
+    import keras
+
+    from keras_transformer.training.callbacks import AtomicBackupAndRestore
+
+    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+    backup = AtomicBackupAndRestore(str(tmp_path / "backup"))
+    backup.set_model(model)
+    backup._current_epoch, backup._last_batch_seen = 1, 0
+    synced = _record_fsyncs(monkeypatch)
+    backup._save_model()
+    weights = str(tmp_path / "backup" / "backup-000001.weights.h5")
+    assert weights in synced
+    record = [i for i, path in enumerate(synced) if "training_metadata.json" in path]
+    assert record and synced.index(weights) < record[0]
+
+
 def test_partial_files_of_processes_no_longer_running_are_removed(tmp_path):
     # A kill -9 during a write left `.partial-PID-name` (a model: tens of MB) for ever.
     dead = tmp_path / f".partial-{_dead_pid()}-model.keras"

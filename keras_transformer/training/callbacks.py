@@ -17,7 +17,7 @@ from keras_transformer.checkpoint_files import (  # noqa: F401  (epoch_checkpoin
 )
 from keras_transformer.data.readers import write_json_atomically
 from keras_transformer.languages import bleu_tokenizer
-from keras_transformer.textfiles import replace_atomically
+from keras_transformer.textfiles import flush_to_disk, replace_atomically
 from keras_transformer.training.schedules import cooldown_steps
 
 logger = logging.getLogger(__name__)
@@ -282,6 +282,7 @@ class AtomicBackupAndRestore(keras.callbacks.BackupAndRestore):
         serial = int(old.get("serial", 0)) + 1
         name = f"backup-{serial:06d}.weights.h5"
         self.model.save_weights(os.path.join(self.backup_dir, name), overwrite=True)
+        flush_to_disk(os.path.join(self.backup_dir, name))  # before the record names it
         previous = {"epoch": old["epoch"], "weights": old["weights"]} if old.get(
             "weights") else None
         write_json_atomically(self._training_metadata_path, {
