@@ -74,7 +74,9 @@ def _split_pairs(pairs, src_lang, tgt_lang, max_pairs=None, seed=0, max_chars=No
         targets.append(_as_str(target))
     if max_chars and sum(map(len, sources)) + sum(map(len, targets)) > max_chars:
         order = list(range(len(sources)))
-        random.Random(seed).shuffle(order)
+        # Its own random numbers: the sample's stream (the same seed) would leave out first
+        # the slots the sample filled last.
+        random.Random(f"{seed}:max_chars").shuffle(order)
         kept, total = [], 0
         for index in order:
             total += len(sources[index]) + len(targets[index])

@@ -76,7 +76,11 @@ _BLEU_BATCH_SIZE = 64
 
 @dataclasses.dataclass
 class TrainingRun:
-    """What `train` returns: the trained model, its tokenizers and where things are."""
+    """What `train` returns: the trained model, its tokenizers and where things are.
+
+    On a worker of a cluster whose disk holds nothing of a run another worker holds
+    finished (no shared filesystem), `model` is `None` and nothing was trained.
+    """
 
     model: keras.Model
     source_tokenizer: object
@@ -604,7 +608,8 @@ def segmentation_samplers(config, train_pairs, source_tokenizer, target_tokenize
                 f"subword_nbest={config.subword_nbest} keeps every training sentence's "
                 f"segmentations in memory, for at most {CACHE_MAX_PAIRS:,} pairs; this "
                 "training set has more. Run the same command with --set subword_nbest=1 "
-                "(the vocabulary made so far is kept) or a train_subset.")
+                "(the vocabulary made so far is kept), or with a train_subset and "
+                "--overwrite (the vocabulary is made from the subset).")
         sources.append(pair[source_lang])
         targets.append(pair[target_lang])
     return tuple(
@@ -630,14 +635,17 @@ def make_epoch_train_dataset(config, train_pairs, source_tokenizer, target_token
                              replicas=1, initial_epoch=0, data_report=None, samplers=None):
     """Training batches of epochs `initial_epoch, ..., config.epochs - 1`, back to back.
 
-    Epoch `e` is the pipeline shuffled with `epoch_seed(config.seed, e)`: the batches of
-    an epoch do not depend on which process trains it, so a resumed or continued run sees
-    exactly the batches an uninterrupted one does. With `config.steps_per_epoch` each
-    epoch is that many batches (its data repeated if needed); otherwise one pass.
+    The batches are one stream of passes over the data, pass `p` shuffled with
+    `epoch_seed(config.seed, p)`; without `config.steps_per_epoch` epoch `e` is pass `e`,
+    with it each epoch is the next `steps_per_epoch` batches of the stream (an epoch
+    shorter than a pass goes on where the previous one stopped; a longer one runs into the
+    next pass). The batches do not depend on which process trains them, so a resumed or
+    continued run sees exactly the batches an uninterrupted one does; one resumed inside a
+    pass prepares the pass's earlier batches again to skip them (said when it does).
 
-    With `samplers` (`segmentation_samplers`, subword regularization) epoch `e` reads each
+    With `samplers` (`segmentation_samplers`, subword regularization) pass `p` reads each
     sentence in the segmentation its samplers draw with that seed. Sampled segmentations
-    change the batches' lengths and so their number: an epoch is then as many batches as
+    change the batches' lengths and so their number: a pass is then as many batches as
     one pass of the best segmentations makes (its shuffled data cut or repeated to that).
 
     With a `data_report` (see `keras_transformer.data.prepare_data_report`) over-long pairs
@@ -685,6 +693,10 @@ def make_epoch_train_dataset(config, train_pairs, source_tokenizer, target_token
     # at the batch, where epoch `initial_epoch` starts. Without it, epoch `e` is pass `e`.
     start = initial_epoch * steps
     first_pass = start // per_pass
+    if start > first_pass * per_pass and initial_epoch < config.epochs:
+        print(f"Resuming inside pass {first_pass + 1} over the data: its first "
+              f"{start - first_pass * per_pass:,} batches are prepared again and skipped "
+              "(the first resumed epoch takes longer)", flush=True)
     dataset = tf.data.Dataset.range(first_pass, _PASSES_END).flat_map(pass_batches)
     dataset = dataset.skip(start - first_pass * per_pass).take(
         max(config.epochs - initial_epoch, 0) * steps)

@@ -95,6 +95,16 @@ def test_the_vocabulary_sample_is_bounded_in_characters_too(tmp_path, monkeypatc
     train_tokenizers(iter(pairs), "en", "de", vocab_size=300, output_dir=tmp_path / "a",
                      max_pairs=300, max_chars=50_000, hard_vocab_limit=False)
     assert 40_000 < chars() <= 50_000
+    # Uniform over the stream: the cut has its own random numbers. Drawn from the sample's
+    # own stream, it left out first the slots the sample had filled last (a corpus made
+    # with `cat`: its last source).
+    from keras_transformer.text.tokenizers import _split_pairs
+
+    stream = [(f"{i:06d}" + "x" * 94, "y" * 100) for i in range(25_000)]
+    sources, _ = _split_pairs(stream, "en", "de", max_pairs=20_000, seed=1234,
+                              max_chars=2_000_000)
+    late = sum(int(line[:6]) >= 20_000 for line in sources)
+    assert len(sources) == 10_000 and 1800 < late < 2200, late  # a fifth of them: 2,000
     train_tokenizers(iter(pairs[:40]), "en", "de", vocab_size=300, output_dir=tmp_path / "b",
                      max_pairs=300, max_chars=50_000, hard_vocab_limit=False)
     assert seen["sentences"] == [p[0] for p in pairs[:40]] + [p[1] for p in pairs[:40]]

@@ -140,3 +140,8 @@ def test_epochs_of_steps_per_epoch_follow_each_other_through_the_data(data, samp
     resumed_epochs = _epochs(resumed, steps)
     assert len(resumed_epochs) == 2
     assert _same(resumed_epochs[0], epochs[2]) and _same(resumed_epochs[1], epochs[3])
+    # Resumed in a later pass (epoch 3 starts past the first pass's batches).
+    assert 3 * steps > per_pass
+    later, _ = make_epoch_train_dataset(config, pairs, source, target, initial_epoch=3,
+                                        samplers=again)
+    assert _same(_epochs(later, steps)[0], epochs[3])
