@@ -311,6 +311,31 @@ def backup_epochs(metadata):
     return [metadata["epoch"]] + ([previous["epoch"]] if "epoch" in previous else [])
 
 
+class StopTogether(keras.callbacks.Callback):
+    """Under several workers, a stop decided by one worker's callbacks stops every worker
+    after the same epoch.
+
+    A callback of one worker alone setting `model.stop_training` (an `EarlyStopping` on
+    `val_bleu`, which only the chief computes and logs) ended that worker's `fit` while
+    the others went on into their next epoch's all-reduce: the workers then waited for each
+    other for ever (the chief in the end-of-training barrier). Placed after every other
+    callback, at each epoch's end it makes `stop_training` true on every worker if it is on
+    one (`any_worker`, a collective op every worker runs there). A stop in the middle of an
+    epoch (`on_train_batch_end`) is not seen: it must be decided alike on every worker.
+
+    Args:
+        any_worker: callable `bool -> bool`, whether any worker passed `True` (a
+            collective op; see `trainer.py`).
+    """
+
+    def __init__(self, any_worker):
+        super().__init__()
+        self.any_worker = any_worker
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.model.stop_training = bool(self.any_worker(bool(self.model.stop_training)))
+
+
 class FinalModelSaver(keras.callbacks.Callback):
     """Saves the trained model atomically when `fit` ends, before the backup is deleted.
 

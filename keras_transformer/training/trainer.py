@@ -40,6 +40,7 @@ from keras_transformer.training.callbacks import (
     BleuCallback,
     LateDropout,
     RunHistory,
+    StopTogether,
     backup_epochs,
     drop_epoch_checkpoints_after,
     make_callbacks,
@@ -761,6 +762,9 @@ def train(
             terminal, one line per epoch otherwise (no stream of `\r` and ANSI codes in a
             log file).
         callbacks: list of extra `keras.callbacks.Callback`, run after the run's own.
+            Under several workers, a stop one of them decides at an epoch's end (an
+            `EarlyStopping` on `val_bleu`, the chief's) stops all (`StopTogether`); one
+            decided in the middle of an epoch must be decided alike on every worker.
             Defaults to `None`.
         cluster_timeout_minutes: float or `None`, with a strategy name that resolves to
             `"multi_worker"`: how long this worker waits for the others to connect before
@@ -980,6 +984,9 @@ def _train(config, output_dir, write_dir, strategy, data_dir, local_dir, make_tr
             config.late_dropout, epoch=config.late_dropout_after,
             min_epochs=config.late_dropout_min_epochs,
             planned_epochs=lambda done: planned_epochs(config, run_history.epoch_seconds[:done])))
+    # Last: a stop one worker's callbacks decide (the chief's validation BLEU) stops all.
+    together = [] if task_of(strategy)[0] is None else [StopTogether(
+        lambda stop: max(row[0] for row in gather_from_workers(strategy, [float(stop)])) > 0)]
     model.fit(
         train_ds,
         validation_data=val_ds,
@@ -987,7 +994,7 @@ def _train(config, output_dir, write_dir, strategy, data_dir, local_dir, make_tr
         initial_epoch=initial_epoch,
         steps_per_epoch=steps_per_epoch,
         shuffle=False,  # the pipeline shuffles each epoch with its own seed
-        callbacks=run_callbacks + late_dropout + list(callbacks or []),
+        callbacks=run_callbacks + late_dropout + list(callbacks or []) + together,
         # Other workers print one line per epoch: the chief's progress bar is the run's.
         verbose=verbose if chief else 2,
     )

@@ -335,3 +335,30 @@ def test_a_finished_run_started_again_on_workers_without_a_shared_disk_ends(runs
     assert "nothing to train" in logs[0]
     assert "worker 0 holds the finished run" in logs[1], logs[1][-3000:]
     assert _listing(run) == _listing(runs["two"])
+
+
+def test_a_stop_decided_on_one_worker_stops_every_worker(tmp_path, multi30k_tfds_dir):
+    # A callback of the chief alone stopping training (EarlyStopping on val_bleu, which only
+    # the chief logs) left the chief in the end-of-training barrier and worker 1 in its next
+    # epoch's all-reduce, both alive: for ever. Every worker stops after the same epoch.
+    ports = free_ports(2)
+    workers = ",".join(f"127.0.0.1:{p}" for p in ports)
+    run = tmp_path / "run"
+    args = ["train", "--preset", "tiny", "--output", str(run), "--tfds-dir",
+            str(multi30k_tfds_dir), "--set", "epochs=3"]
+    commands = [
+        [sys.executable, str(_HERE / "worker_child.py"), *stop, "--", *args,
+         "--worker-index", str(index), "--workers", workers]
+        for index, stop in enumerate([["--stop-after-epoch", "1"], []])
+    ]
+    processes = []
+    try:
+        processes = _start_workers(commands, tmp_path, "stop")
+        codes = _wait(processes, timeout=180)
+    finally:
+        stop_processes(processes)
+    logs = [(tmp_path / f"stop-{i}.log").read_text() for i in range(2)]
+    assert codes == [0, 0], [log[-3000:] for log in logs]
+    assert json.loads((run / "history.json").read_text())["epochs"] == 1
+    assert (run / "model.keras").is_file()
+    assert not [p for p in _listing(run) if "workertemp" in p or p == "backup"]

@@ -1,7 +1,7 @@
 """Child script of the multi-worker tests: `keras-transformer ...` that can die mid-epoch.
 
 Usage: `python worker_child.py [--kill-at EPOCH:BATCH] [--slow-epoch EPOCH:SECONDS]
-[--die-saving-final] -- CLI ARGS...`.
+[--die-saving-final] [--stop-after-epoch E] -- CLI ARGS...`.
 
 Runs the command line (`keras_transformer.cli.main`) unchanged, except that with
 `--kill-at E:B` the process SIGKILLs itself after batch B (1-based) of epoch E (1-based),
@@ -9,7 +9,9 @@ like a preempted machine: no cleanup, no exception, no backup of the epoch; with
 `--slow-epoch E:S` epoch E (1-based) ends S seconds later, as this worker's clock sees it
 (a sleep just before the run's `RunHistory` times the epoch), like a slower machine; with
 `--die-saving-final` it SIGKILLs itself as it starts writing the run's final `model.keras`
-(a preemption at the very end).
+(a preemption at the very end); with `--stop-after-epoch E` a callback of this worker
+alone stops training after epoch E (1-based), as an `EarlyStopping` on the chief's
+validation BLEU (logged by the chief only) would.
 """
 
 import argparse
@@ -60,6 +62,7 @@ def main():
     parser.add_argument("--kill-at")
     parser.add_argument("--slow-epoch")
     parser.add_argument("--die-saving-final", action="store_true")
+    parser.add_argument("--stop-after-epoch", type=int)
     parser.add_argument("cli_args", nargs=argparse.REMAINDER)
     args = parser.parse_args()
     cli_args = args.cli_args[1:] if args.cli_args[:1] == ["--"] else args.cli_args
@@ -70,6 +73,15 @@ def main():
     if args.slow_epoch:
         epoch, seconds = args.slow_epoch.split(":")
         trainer.RunHistory = slow_epoch_history(int(epoch), float(seconds))
+    if args.stop_after_epoch:
+        stop_after = args.stop_after_epoch
+
+        class StopHere(keras.callbacks.Callback):
+            def on_epoch_end(self, epoch, logs=None):
+                if epoch + 1 == stop_after:
+                    self.model.stop_training = True
+
+        extra.append(StopHere())
     if args.die_saving_final:
         save = keras.Model.save
 
