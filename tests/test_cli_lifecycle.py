@@ -106,7 +106,8 @@ def test_resuming_with_another_config_is_refused(tmp_path):
     from keras_transformer.training import get_preset
 
     get_preset("tiny").to_file(tmp_path / "config.json")
-    (tmp_path / "history.json").write_text("{}")  # a run that trained
+    # A run that trained an epoch (before one, only the vocabulary's settings must stay).
+    (tmp_path / "history.json").write_text('{"epoch_seconds": [1.0]}')
     with pytest.raises(SystemExit, match="d_model: 16 in the run, 32 now"):
         main(_train_args(tmp_path, "--set", "d_model=32"))
 
