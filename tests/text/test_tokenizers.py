@@ -53,31 +53,9 @@ def test_reservoir_sample_is_bounded_uniform_and_deterministic():
     assert all(60 <= n <= 140 for n in tenths), tenths
 
 
-def test_train_tokenizers_reads_a_bounded_sample_of_a_stream(tmp_path, monkeypatch):
-    from keras_transformer.text import tokenizers
-
-    seen = {}
-    real = tokenizers.train_sentencepiece
-
-    def recording(sentences, *args, **kwargs):
-        seen["sentences"] = len(sentences)
-        return real(sentences, *args, **kwargs)
-
-    monkeypatch.setattr(tokenizers, "train_sentencepiece", recording)
-    words = ["dog", "cat", "runs", "the", "a", "red", "ball", "Hund", "Katze", "rennt"]
-    # A generator: read once, never listed whole.
-    stream = ((" ".join(words[(i + k) % 10] for k in range(5)), words[i % 10] * 3)
-              for i in range(3000))
-    train_tokenizers(stream, "en", "de", vocab_size=290, output_dir=tmp_path, max_pairs=500,
-                     hard_vocab_limit=False)
-    assert seen["sentences"] == 1000  # 500 pairs, both sides of a shared vocabulary
-
-
-def test_the_vocabulary_sample_is_bounded_in_characters_too(tmp_path, monkeypatch):
-    # `max_pairs` bounded pairs, not text: SentencePiece's memory grows with the characters
-    # (about 20 MiB of RSS per MiB of text), so a corpus of paragraph-long lines made the
-    # 200,000-pair sample take many GiB. `max_chars` bounds the sample's text as well, by a
-    # uniform subset of the pairs; a sample within it is passed on unchanged.
+def _record_sentencepiece_input(monkeypatch):
+    """`{"sentences": [...]}`, filled with the lines `train_tokenizers` passes on to
+    SentencePiece (training as usual)."""
     from keras_transformer.text import tokenizers
 
     seen = {}
@@ -88,6 +66,26 @@ def test_the_vocabulary_sample_is_bounded_in_characters_too(tmp_path, monkeypatc
         return real(sentences, *args, **kwargs)
 
     monkeypatch.setattr(tokenizers, "train_sentencepiece", recording)
+    return seen
+
+
+def test_train_tokenizers_reads_a_bounded_sample_of_a_stream(tmp_path, monkeypatch):
+    seen = _record_sentencepiece_input(monkeypatch)
+    words = ["dog", "cat", "runs", "the", "a", "red", "ball", "Hund", "Katze", "rennt"]
+    # A generator: read once, never listed whole.
+    stream = ((" ".join(words[(i + k) % 10] for k in range(5)), words[i % 10] * 3)
+              for i in range(3000))
+    train_tokenizers(stream, "en", "de", vocab_size=290, output_dir=tmp_path, max_pairs=500,
+                     hard_vocab_limit=False)
+    assert len(seen["sentences"]) == 1000  # 500 pairs, both sides of a shared vocabulary
+
+
+def test_the_vocabulary_sample_is_bounded_in_characters_too(tmp_path, monkeypatch):
+    # `max_pairs` bounded pairs, not text: SentencePiece's memory grows with the characters
+    # (about 20 MiB of RSS per MiB of text), so a corpus of paragraph-long lines made the
+    # 200,000-pair sample take many GiB. `max_chars` bounds the sample's text as well, by a
+    # uniform subset of the pairs; a sample within it is passed on unchanged.
+    seen = _record_sentencepiece_input(monkeypatch)
     words = ["dog", "cat", "runs", "the", "a", "red", "ball", "Hund", "Katze", "rennt"]
     pairs = [(" ".join(words[(i + k) % 10] for k in range(200)), words[i % 10] * 3)
              for i in range(400)]  # about 1,000 characters a pair

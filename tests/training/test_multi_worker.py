@@ -81,6 +81,27 @@ def _wait(processes, timeout=_TIMEOUT):
     return codes
 
 
+def _worker_commands(args, extras=((), ())):
+    """Two workers on free loopback ports: `worker_child.py EXTRA -- ARGS` each, with
+    worker `i`'s `extras[i]` (its way to die, stop or be slow)."""
+    workers = ",".join(f"127.0.0.1:{p}" for p in free_ports(2))
+    return [[sys.executable, str(_HERE / "worker_child.py"), *extra, "--", *args,
+             "--worker-index", str(index), "--workers", workers]
+            for index, extra in enumerate(extras)]
+
+
+def _run_workers(commands, log_dir, tag, timeout=_TIMEOUT):
+    """Runs the workers' `commands` to their end (killed after `timeout` seconds, pass or
+    fail): their exit codes (`None`: did not end) and logs (`log_dir/TAG-i.log`)."""
+    processes = []
+    try:
+        processes = _start_workers(commands, log_dir, tag)
+        codes = _wait(processes, timeout=timeout)
+    finally:
+        stop_processes(processes)
+    return codes, [(log_dir / f"{tag}-{i}.log").read_text() for i in range(len(commands))]
+
+
 def _weights(run_dir):
     """`{variable path: value}` of a run's final model."""
     import keras_transformer.layers  # noqa: F401
@@ -249,23 +270,11 @@ def test_workers_share_one_time_budget(tmp_path, multi30k_tfds_dir):
     # alone, forever waiting for its peer. The clock they share is the slowest worker's
     # epoch: both stop after epoch 2.
     slow = 30
-    ports = free_ports(2)
-    workers = ",".join(f"127.0.0.1:{p}" for p in ports)
     run = tmp_path / "budget"
     args = ["train", "--preset", "tiny", "--output", str(run), "--tfds-dir",
             str(multi30k_tfds_dir), "--set", "epochs=3", "time_budget_minutes=1"]
-    commands = [
-        [sys.executable, str(_HERE / "worker_child.py"), *slower, "--", *args,
-         "--worker-index", str(index), "--workers", workers]
-        for index, slower in enumerate([[], ["--slow-epoch", f"2:{slow}"]])
-    ]
-    processes = []
-    try:
-        processes = _start_workers(commands, tmp_path, "budget")
-        codes = _wait(processes)
-    finally:
-        stop_processes(processes)
-    logs = [(tmp_path / f"budget-{i}.log").read_text() for i in range(2)]
+    codes, logs = _run_workers(
+        _worker_commands(args, [[], ["--slow-epoch", f"2:{slow}"]]), tmp_path, "budget")
     assert codes == [0, 0], [log[-3000:] for log in logs]
     history = json.loads((run / "history.json").read_text())
     assert history["epochs"] == 2, history["epoch_seconds"]
@@ -280,28 +289,15 @@ def test_a_chief_killed_saving_the_final_model_resumes_with_every_worker(runs, t
     # worker 1 had already removed its backup, so started again with the same command the
     # workers held no common epoch ("worker 1 lost the run's backup"). Worker 1 keeps its
     # backup until the chief has saved the final model.
-    ports = free_ports(2)
-    workers = ",".join(f"127.0.0.1:{p}" for p in ports)
     run = tmp_path / "run"
-    commands = [
-        [sys.executable, str(_HERE / "worker_child.py"), *die, "--",
-         *_train_args(run, multi30k_tfds_dir), "--worker-index", str(index),
-         "--workers", workers]
-        for index, die in enumerate([["--die-saving-final"], []])
-    ]
-    processes = []
-    try:
-        processes = _start_workers(commands, tmp_path, "final")
-        codes = _wait(processes)
-        assert codes[0] == -9, (tmp_path / "final-0.log").read_text()[-3000:]
-        assert not (run / "model.keras").exists()
-        restart = [[sys.executable, "-m", "keras_transformer", *c[c.index("--") + 1:]]
-                   for c in commands]
-        processes = _start_workers(restart, tmp_path, "again")
-        codes = _wait(processes)
-    finally:
-        stop_processes(processes)
-    logs = [(tmp_path / f"again-{i}.log").read_text() for i in range(2)]
+    commands = _worker_commands(_train_args(run, multi30k_tfds_dir),
+                                [["--die-saving-final"], []])
+    codes, logs = _run_workers(commands, tmp_path, "final")
+    assert codes[0] == -9, logs[0][-3000:]
+    assert not (run / "model.keras").exists()
+    restart = [[sys.executable, "-m", "keras_transformer", *c[c.index("--") + 1:]]
+               for c in commands]
+    codes, logs = _run_workers(restart, tmp_path, "again")
     assert codes == [0, 0], [log[-3000:] for log in logs]
     _assert_same_weights(_weights(run), _weights(runs["two"]))
     assert _listing(run) == _listing(runs["two"])
@@ -324,13 +320,7 @@ def test_a_finished_run_started_again_on_workers_without_a_shared_disk_ends(runs
          "--worker-index", str(index), "--workers", workers]
         for index, output in enumerate([run, tmp_path / "worker-1-disk"])
     ]
-    processes = []
-    try:
-        processes = _start_workers(commands, tmp_path, "again")
-        codes = _wait(processes)
-    finally:
-        stop_processes(processes)
-    logs = [(tmp_path / f"again-{i}.log").read_text() for i in range(2)]
+    codes, logs = _run_workers(commands, tmp_path, "again")
     assert codes == [0, 0], [log[-3000:] for log in logs]
     assert "nothing to train" in logs[0]
     assert "worker 0 holds the finished run" in logs[1], logs[1][-3000:]
@@ -341,23 +331,12 @@ def test_a_stop_decided_on_one_worker_stops_every_worker(tmp_path, multi30k_tfds
     # A callback of the chief alone stopping training (EarlyStopping on val_bleu, which only
     # the chief logs) left the chief in the end-of-training barrier and worker 1 in its next
     # epoch's all-reduce, both alive: for ever. Every worker stops after the same epoch.
-    ports = free_ports(2)
-    workers = ",".join(f"127.0.0.1:{p}" for p in ports)
     run = tmp_path / "run"
     args = ["train", "--preset", "tiny", "--output", str(run), "--tfds-dir",
             str(multi30k_tfds_dir), "--set", "epochs=3"]
-    commands = [
-        [sys.executable, str(_HERE / "worker_child.py"), *stop, "--", *args,
-         "--worker-index", str(index), "--workers", workers]
-        for index, stop in enumerate([["--stop-after-epoch", "1"], []])
-    ]
-    processes = []
-    try:
-        processes = _start_workers(commands, tmp_path, "stop")
-        codes = _wait(processes, timeout=180)
-    finally:
-        stop_processes(processes)
-    logs = [(tmp_path / f"stop-{i}.log").read_text() for i in range(2)]
+    codes, logs = _run_workers(
+        _worker_commands(args, [["--stop-after-epoch", "1"], []]), tmp_path, "stop",
+        timeout=180)
     assert codes == [0, 0], [log[-3000:] for log in logs]
     assert json.loads((run / "history.json").read_text())["epochs"] == 1
     assert (run / "model.keras").is_file()
