@@ -827,7 +827,9 @@ def build_parser():
                         "sentence")
     export.add_argument("--jit", action="store_true",
                         help="compile the encoder and the search loop with XLA (faster; the "
-                        "model server must run with --xla_cpu_compilation_enabled=true)")
+                        "model server must run with --xla_cpu_compilation_enabled=true); "
+                        "greedy and beam search only: with --search sample or "
+                        "greedy_uncached, only translate_greedy is compiled")
     export.add_argument("--jit-max-rows", type=int, metavar="N",
                         help="with --jit: a batch of more than N rows (sentences x beam "
                         "size) takes the regular search, faster on large batches (default 4; "

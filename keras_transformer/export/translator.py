@@ -72,7 +72,9 @@ class DecodingConfig:
     # kernels per step, a fixed-size decoder cache. The export then needs a server with XLA
     # CPU compilation enabled (TF Serving: `--xla_cpu_compilation_enabled=true`), and each
     # new (batch size, source width rounded up to a multiple of `JIT_WIDTH_MULTIPLE`) pair
-    # compiles once. Off by default: stock servers run without that flag.
+    # compiles once. Off by default: stock servers run without that flag. Greedy and beam
+    # search only: in an export searching `sample` or `greedy_uncached`, only
+    # `translate_greedy` is compiled.
     jit_compile: bool = False
     # With `jit_compile`: a batch whose search decodes more rows than this (sentences,
     # times `beam_size` for beam search) takes the regular search instead (finished
@@ -440,7 +442,8 @@ class Translator(tf.Module):
             pieces, max_length=config.max_input_length, add_end=True
         )  # ragged (B, None), END last
         source_lengths = tf.cast(source.row_lengths(), tf.int32)  # (B,)
-        width = padded_width(source_lengths, JIT_WIDTH_MULTIPLE if config.jit_compile else 1,
+        compiles = config.jit_compile and search in ("greedy", "beam")
+        width = padded_width(source_lengths, JIT_WIDTH_MULTIPLE if compiles else 1,
                              limit=config.max_input_length)
         source_ids = source.to_tensor(PAD_ID, shape=[batch_size, width])  # (B, S)
         max_lengths = tf.minimum(source_lengths + config.extra_length, config.max_output_length)
@@ -448,7 +451,7 @@ class Translator(tf.Module):
         def regular():
             return _outputs(self._search(source_ids, batch_size, max_lengths, search, seeds))
 
-        if config.jit_compile and search in ("greedy", "beam"):
+        if compiles:
             # The tokenizers are not XLA ops: only the encoder and the search are compiled.
             def compiled():
                 return _outputs(self._compiled_searches[search](source_ids, max_lengths))
@@ -514,9 +517,9 @@ class Translator(tf.Module):
                 early_stopping=config.early_stopping,
                 length_penalty_form=config.length_penalty_form, **common
             )
-        next_logits, cache = parts.step_function(
-            memory, memory_mask, config.max_output_length, fixed_length=config.jit_compile
-        )
+        # Sampling is never compiled (`jit_compile` compiles `translate_greedy` only in a
+        # sampling export): the growing cache, faster outside XLA.
+        next_logits, cache = parts.step_function(memory, memory_mask, config.max_output_length)
         return decoding.sample(
             next_logits,
             cache,
