@@ -284,6 +284,11 @@ class TrainingConfig:
                 f"`d_model` must be divisible by `num_heads`. Received: "
                 f"d_model={self.d_model}, num_heads={self.num_heads}"
             )
+        if self.d_model % 2:  # the sinusoid table has sine/cosine pairs
+            raise ValueError(
+                f"`d_model` must be even (sinusoidal positions). Received: "
+                f"d_model={self.d_model}"
+            )
         if (self.tokens_per_batch is None) == (self.batch_size is None):
             raise ValueError(
                 "Set exactly one of `tokens_per_batch` and `batch_size`. Received: "

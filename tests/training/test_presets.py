@@ -44,6 +44,11 @@ def test_replace_overrides_and_validates():
         config.replace(learning_rate=1.0)
     with pytest.raises(ValueError, match="divisible"):
         config.replace(num_heads=3)
+    # Refused here, not after the vocabulary and the data pass (with advice to set
+    # learned_positions, which training does not offer).
+    with pytest.raises(ValueError, match=r"`d_model` must be even.*d_model=63") as error:
+        config.replace(d_model=63, num_heads=1)
+    assert "learned_positions" not in str(error.value)
     with pytest.raises(ValueError, match="precision"):
         config.replace(precision="float16")
     with pytest.raises(ValueError, match="exactly one"):
