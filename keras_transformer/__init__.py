@@ -34,6 +34,10 @@ from keras_transformer.layers import (
 )
 from keras_transformer.model import TransformerParts, build_transformer
 
+# Registered for loading: a run's model.keras holds its loss, metric and optimizer (with its
+# schedule). Light modules (Keras and TensorFlow only); the rest of training stays unloaded.
+from keras_transformer.training import losses, metrics, optimizers, schedules  # noqa: E402,F401
+
 __version__ = "0.1.0"
 
 __all__ = [

@@ -4,26 +4,35 @@ Nothing here imports decoding or export code; validation BLEU gets its translati
 function injected (see `BleuCallback`).
 """
 
-from keras_transformer.training.callbacks import BleuCallback, make_callbacks
-from keras_transformer.training.losses import MaskedSparseCategoricalCrossentropy
-from keras_transformer.training.metrics import MaskedAccuracy
-from keras_transformer.training.optimizers import make_optimizer
-from keras_transformer.training.presets import (
-    PRESETS, TrainingConfig, get_preset, parse_overrides,
-)
-from keras_transformer.training.schedules import TransformerSchedule
-from keras_transformer.training.strategy import select_strategy
+import importlib
 
-__all__ = [
-    "BleuCallback",
-    "MaskedAccuracy",
-    "MaskedSparseCategoricalCrossentropy",
-    "PRESETS",
-    "TrainingConfig",
-    "TransformerSchedule",
-    "get_preset",
-    "make_callbacks",
-    "make_optimizer",
-    "parse_overrides",
-    "select_strategy",
-]
+# Each name's module, imported when the name is first used: `keras_transformer` imports
+# the modules of the objects a saved training model holds (loss, metric, schedule,
+# optimizer) so that its `.keras` files load, without pulling in the callbacks (and with
+# them the data pipeline and TensorFlow Datasets).
+_MODULES = {
+    "BleuCallback": "callbacks",
+    "make_callbacks": "callbacks",
+    "MaskedSparseCategoricalCrossentropy": "losses",
+    "MaskedAccuracy": "metrics",
+    "make_optimizer": "optimizers",
+    "PRESETS": "presets",
+    "TrainingConfig": "presets",
+    "get_preset": "presets",
+    "parse_overrides": "presets",
+    "TransformerSchedule": "schedules",
+    "select_strategy": "strategy",
+}
+
+
+def __getattr__(name):
+    if name not in _MODULES:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{_MODULES[name]}"), name)
+
+
+def __dir__():
+    return sorted([*globals(), *_MODULES])
+
+
+__all__ = sorted(_MODULES)

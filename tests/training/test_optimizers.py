@@ -192,3 +192,34 @@ def test_fused_adam_trains_the_same_under_xla():
         weights.append(model.get_weights())
     for eager, compiled in zip(*weights):
         np.testing.assert_allclose(compiled, eager, rtol=1e-5, atol=1e-6)
+
+
+def test_a_saved_training_model_loads_after_importing_the_package_only(tmp_path):
+    """The README: the package's `.keras` files load once `keras_transformer` is imported.
+    A run's model.keras holds `FusedAdam`, its `TransformerSchedule`, the masked loss and
+    metric, which had been registered only by importing `keras_transformer.training`."""
+    import subprocess
+    import sys
+
+    from keras_transformer.model import build_transformer
+
+    model = build_transformer(20, d_model=8, num_heads=2, ff_dim=16, num_layers=1,
+                              max_length=16)
+    compile_model(model, get_preset("tiny").replace(d_model=8, num_heads=2))
+    path = tmp_path / "model.keras"
+    model.save(path)
+    code = (
+        "import sys, keras, keras_transformer; "
+        f"model = keras.saving.load_model({str(path)!r}); "
+        "print(type(model.optimizer).__name__, type(model.optimizer._learning_rate).__name__,"
+        " type(model.loss).__name__); "
+        # Importing the package still loads neither the data pipeline nor training's
+        # callbacks (and with them TensorFlow Datasets).
+        "print(sorted(m for m in sys.modules if m.startswith(('tensorflow_datasets', "
+        "'keras_transformer.data', 'keras_transformer.training.callbacks', "
+        "'keras_transformer.training.trainer'))))"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.strip().splitlines()[-2:] == [
+        "FusedAdam TransformerSchedule MaskedSparseCategoricalCrossentropy", "[]"]
