@@ -111,6 +111,19 @@ class BlockBase(keras.layers.Layer):
         )
         return outputs
 
+    def _check_cache_request(self, encoder_outputs):
+        """What `initialize_cache` needs: the layer built and a real memory."""
+        if not self.built:
+            raise ValueError(f"{self.name} is not built: call it once (or build it) before "
+                             "initialize_cache, which sizes the caches from its layers.")
+        if isinstance(encoder_outputs, keras.KerasTensor):
+            raise ValueError(
+                f"{self.name}.initialize_cache got a symbolic tensor (a `keras.Input` or a "
+                "functional model's tensor): the cache holds values, made at decoding time "
+                "from the encoder's real outputs (eagerly or inside a `tf.function`). A "
+                "functional step model takes the caches as inputs of its own."
+            )
+
     def compute_output_shape(self, inputs_shape, *args, **kwargs):
         return inputs_shape
 

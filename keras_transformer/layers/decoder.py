@@ -84,9 +84,7 @@ class Decoder(Encoder):
             `L` tensors, `(B, 2, T_max, H, d_k)` zeros and `(B, 2, S, H, d_k)`, and bool
             `(B, S)`.
         """
-        if not self.built:
-            raise ValueError(f"{self.name} is not built: call it once (or build it) before "
-                             "initialize_cache, which sizes the caches from its layers.")
+        self._check_cache_request(encoder_outputs)
         mask = masking.memory_padding_mask(encoder_outputs, encoder_padding_mask)
         caches = [
             block.initialize_cache(encoder_outputs, max_length, encoder_padding_mask=mask)

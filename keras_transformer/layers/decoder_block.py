@@ -93,9 +93,7 @@ class DecoderBlock(BlockBase):
             `(self_attention_cache (B, 2, T_max, H, d_k) zeros,
             cross_attention_cache (B, 2, S, H, d_k), encoder_padding_mask bool (B, S))`.
         """
-        if not self.built:
-            raise ValueError(f"{self.name} is not built: call it once (or build it) before "
-                             "initialize_cache, which sizes the caches from its layers.")
+        self._check_cache_request(encoder_outputs)
         mask = masking.memory_padding_mask(encoder_outputs, encoder_padding_mask)
         cross = self._cross_attention.compute_key_value(encoder_outputs)
         shape = (keras.ops.shape(encoder_outputs)[0], 2, max_length) + tuple(cross.shape[3:])

@@ -62,6 +62,17 @@ def test_a_cache_before_the_layer_is_built_says_so(layer):
         layer.initialize_cache(keras.random.normal((2, 5, 8)), max_length=4)
 
 
+@pytest.mark.parametrize("layer", [Decoder(num_layers=1, num_heads=2, ff_dim=16),
+                                   DecoderBlock(num_heads=2, ff_dim=16)],
+                         ids=["Decoder", "DecoderBlock"])
+def test_a_cache_of_a_symbolic_memory_is_refused_with_what_to_do(layer):
+    # It had failed deep in TensorFlow: "Attempt to convert a value (None) ... to a Tensor".
+    memory = keras.Input((None, 8))
+    layer(keras.Input((None, 8)), memory)
+    with pytest.raises(ValueError, match=r"initialize_cache.*symbolic.*decoding time"):
+        layer.initialize_cache(memory, max_length=4)
+
+
 def test_learned_positions_past_the_table_are_refused():
     embedding = PositionalEmbedding(100, 8, learned_positions=True, max_length=6)
     with pytest.raises(ValueError, match="max_length=6"):
