@@ -127,8 +127,10 @@ def top_candidates(logits, alive_log_probs, num_candidates, forbidden=()):
     `(B, K * V)` array: a top-k over it costs more than the decoder's vocabulary
     projection (benchmarks/RESULTS.md). The vocabulary is cut into chunks of
     `CANDIDATE_CHUNK` tokens; an element among the `C` best lies in a chunk whose maximum
-    is among the `C + len(forbidden)` best chunk maxima (`C` of them would each hold an
-    allowed element at least as good), so the top-k runs over those chunks only. The
+    is among the `C + K * F` best chunk maxima of its example, `F` the number of chunks
+    holding a forbidden token (a forbidden token can lead its chunk in each of the `K`
+    beams; the other `C` would each hold an allowed element at least as good), so the
+    top-k runs over those chunks only. The
     softmax's normalizer is still computed over the whole vocabulary, one pass.
 
     Greedy search keeps its plain top-1 over the log-probabilities: this function, or an
@@ -175,12 +177,13 @@ def top_candidates(logits, alive_log_probs, num_candidates, forbidden=()):
     row_max = tf.reduce_max(chunk_max, axis=-1)  # (N,)
     log_sum = tf.math.log(tf.reduce_sum(tf.exp(logits - row_max[:, None]), axis=-1))  # (N,)
     alive = tf.reshape(alive_log_probs, [-1])  # (N,)
-    # Chunks ranked by their best token's score; the best `C + len(forbidden)` kept, in
+    # Chunks ranked by their best token's score; the best `C + K * F` kept (see above), in
     # index order, so that the last top-k breaks ties as a top-k over everything would.
     chunk_scores = tf.reshape(
         alive[:, None] + ((chunk_max - row_max[:, None]) - log_sum[:, None]),
         [batch_size, beam_size * num_chunks])  # (B, K * M)
-    kept = min(num_candidates + len(forbidden), beam_size * num_chunks)
+    forbidden_chunks = len({token // chunk for token in forbidden})
+    kept = min(num_candidates + beam_size * forbidden_chunks, beam_size * num_chunks)
     _, best_chunks = tf.math.top_k(chunk_scores, k=kept)
     best_chunks = tf.sort(best_chunks, axis=-1)  # (B, kept)
     beams = best_chunks // num_chunks  # (B, kept)

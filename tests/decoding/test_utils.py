@@ -71,6 +71,27 @@ def test_top_candidates_equal_a_top_k_over_the_whole_vocabulary():
             np.testing.assert_allclose(actual.log_probs, expected[0], rtol=1e-6)
 
 
+def test_top_candidates_when_forbidden_tokens_lead_a_chunk_in_every_beam():
+    """A forbidden token tops its chunk once per beam, not once per example: with UNK the
+    likeliest token of all 4 beams, the chunks of the 8 best allowed tokens had not all
+    been kept (the 8th candidate came out at -30.0 instead of -5.3)."""
+    from keras_transformer.decoding.utils import CANDIDATE_CHUNK, top_candidates
+
+    beams, chunk = 4, CANDIDATE_CHUNK
+    logits = np.full((beams, 4 * chunk), -20.0, "float32")
+    logits[:, 3] = 10.0  # UNK (forbidden) leads chunk 0 of every beam
+    for beam in range(beams):  # one good allowed token in each other chunk of every beam
+        for c in (1, 2, 3):
+            logits[beam, chunk * c + beam] = 5.0 - 0.1 * c - 0.01 * beam
+    alive = tf.zeros([1, beams])
+    for forbidden in [(0, 1, 3), (3,)]:
+        expected = _full_top_k(tf.constant(logits), alive, 2 * beams, forbidden)
+        actual = top_candidates(tf.constant(logits), alive, 2 * beams, forbidden)
+        np.testing.assert_allclose(actual.log_probs, expected[0], rtol=1e-6)
+        np.testing.assert_array_equal(actual.beams, expected[1])
+        np.testing.assert_array_equal(actual.tokens, expected[2])
+
+
 def test_top_candidates_never_propose_a_token_outside_the_vocabulary():
     from keras_transformer.decoding.utils import NEG_INF, top_candidates
 
