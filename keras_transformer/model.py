@@ -472,7 +472,9 @@ class TransformerParts:
         The memory part (cross-attention keys/values, padding bias), the fused kernels and
         the position table are computed once here and captured by `next_logits`, so a
         beam search neither tiles nor reorders them; `cache` holds the self-attention
-        keys/values only. `search_step` passes the memory as an argument instead.
+        keys/values only. `search_step` passes the memory as an argument instead; the
+        searches' `drop_finished=True` (finished sentences leave the batch) needs it, and
+        refuses this step.
 
         Args:
             memory: `(B, S, d_model)` from `encode`.
@@ -492,6 +494,10 @@ class TransformerParts:
         def next_logits(tokens, cache, index):
             return step(tokens, cache, index, memory_state)
 
+        from keras_transformer.decoding import utils as decoding_utils
+
+        # The memory's B rows are held here: the searches refuse `drop_finished=True`.
+        setattr(next_logits, decoding_utils.HOLDS_EXAMPLE_ROWS, True)
         return next_logits, cache
 
     def search_step(self, memory, memory_mask, max_length, fixed_length=False,

@@ -336,6 +336,24 @@ def test_in_place_cache_search_equals_the_growing_cache(norm_first, search):
         np.testing.assert_allclose(_np(in_place.scores), _np(grown.scores), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("search", ["greedy", "beam"])
+def test_step_function_refuses_to_drop_finished_sentences(search):
+    """`step_function`'s step holds the memory of all B sentences: with rows leaving the
+    batch, a surviving sentence's beams attended another sentence's memory (the audit:
+    another translation, no error). `search_step` with `sentence_cache` is the way."""
+    from keras_transformer import decoding
+
+    parts = TransformerParts(build_transformer(**TINY))
+    memory, memory_mask = parts.encode(_batch()["encoder_tokens"])
+    next_logits, cache = parts.step_function(memory, memory_mask, max_length=6)
+    run = dict(greedy=lambda **kw: decoding.greedy_search(next_logits, cache, 2, 6, **kw),
+               beam=lambda **kw: decoding.beam_search(next_logits, cache, 2, 6, beam_size=2,
+                                                      **kw))[search]
+    with pytest.raises(ValueError, match=r"drop_finished=True.*search_step.*sentence_cache"):
+        run(drop_finished=True)
+    assert run().tokens.shape == (2, 6)
+
+
 def test_fixed_length_cache_gives_the_growing_cache_logits():
     """The fixed-size cache (for XLA) masks unwritten positions: same logits as growing."""
     model = build_transformer(**TINY)

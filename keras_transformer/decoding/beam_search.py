@@ -149,6 +149,7 @@ def beam_search(
     """
     max_length = utils.check_max_length(max_length)
     utils.check_length_penalty_form(length_penalty_form)
+    utils.check_drop_finished(next_logits, drop_finished)
     beam_size = int(beam_size)
     if beam_size < 1:
         raise ValueError(f"`beam_size` must be at least 1, received {beam_size}.")

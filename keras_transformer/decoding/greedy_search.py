@@ -124,6 +124,7 @@ def decode_single_path(
         A `SearchResult` with `tokens (B, max_length)`, `scores (B,)`, `lengths (B,)`.
     """
     max_length = utils.check_max_length(max_length)
+    utils.check_drop_finished(next_logits, drop_finished)
     forbidden = utils.forbidden_ids(start_id, end_id, pad_id, unk_id)
     batch_size = tf.convert_to_tensor(batch_size, tf.int32)
     bounds = utils.resolve_max_lengths(max_lengths, batch_size, max_length)  # (B,)

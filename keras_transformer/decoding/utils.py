@@ -42,6 +42,25 @@ class SearchResult(
     __slots__ = ()
 
 
+# Set to True on a step function that holds tensors of one row per example that are not
+# among its arguments (`TransformerParts.step_function` holds the encoder's memory): such a
+# step cannot follow rows leaving the batch.
+HOLDS_EXAMPLE_ROWS = "holds_example_rows"
+
+
+def check_drop_finished(next_logits, drop_finished):
+    """Refuses `drop_finished=True` for a step marked `HOLDS_EXAMPLE_ROWS`: with rows
+    leaving the batch, its rows would no longer line up with the examples they belong to
+    (another example's memory, no error)."""
+    if drop_finished and getattr(next_logits, HOLDS_EXAMPLE_ROWS, False):
+        raise ValueError(
+            "drop_finished=True needs a step that takes every per-example tensor from its "
+            "arguments, but this one holds the encoder's memory of every example "
+            "(`TransformerParts.step_function`): use `TransformerParts.search_step` and "
+            "pass its memory state as `sentence_cache=`, or drop_finished=False."
+        )
+
+
 def forbidden_ids(start_id, end_id, pad_id, unk_id=None):
     """The tokens a search never produces: PAD, START and, when `unk_id` is given, UNK.
 
