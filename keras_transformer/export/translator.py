@@ -414,7 +414,8 @@ class Translator(tf.Module):
             )
         self.metadata_values = {"source_lang": "", "target_lang": "", **(metadata or {})}
         self.metadata = tf.function(
-            lambda: {k: tf.constant(str(v)) for k, v in self.metadata_values.items()},
+            lambda: {k: tf.constant("" if v is None else str(v))
+                     for k, v in self.metadata_values.items()},
             input_signature=[], autograph=False,
         )
 

@@ -543,6 +543,17 @@ def test_jit_leaves_sampling_uncompiled_and_its_cache_growing(small_tokenizer):
     assert samples == seeded(plain, sentences, seeds)
 
 
+def test_metadata_answers_none_as_an_empty_string(small_tokenizer):
+    # The docstring allows None values; the signature had answered the string "None".
+    from keras_transformer.export import DecodingConfig, Translator
+
+    translator = Translator(tiny_model(small_tokenizer), small_tokenizer, small_tokenizer,
+                            DecodingConfig(max_input_length=TABLE, max_output_length=TABLE),
+                            metadata={"source_lang": None, "data": "files"})
+    answer = {k: v.numpy().decode() for k, v in translator.metadata().items()}
+    assert answer == {"source_lang": "", "target_lang": "", "data": "files"}
+
+
 def test_seeded_signature_only_in_sampling_exports(sampler, small_tokenizer):
     names = set(sampler.signatures())
     assert {"translate", "serving_default", "translate_greedy", "translate_seeded",
