@@ -462,7 +462,7 @@ class TransformerParts:
         weights = self._step_weights()
         logits, self_cache = self._step(
             tokens, cache["self"], cache["memory"], index, weights,
-            self._positions(index, weights),
+            self._positions(self._checked_position(index), weights),
         )
         return logits, {"self": self_cache, "memory": cache["memory"]}
 
@@ -608,6 +608,27 @@ class TransformerParts:
         if embedding.learned_positions:
             return ops.convert_to_tensor(embedding.position_embeddings)[:length]
         return sinusoidal_encoding(length, embedding.d_model, dtype=embedding.compute_dtype)
+
+    def _checked_position(self, index):
+        """`index`, refused when past a learned position table: now if it is known, when
+        the graph runs if not (XLA compiles the assertion away)."""
+        embedding = self.target_embedding
+        if not embedding.learned_positions:
+            return index
+        import tensorflow as tf
+
+        message = (f"past the learned position table of {embedding.max_length} positions of "
+                   f"{embedding.name}: decode at most {embedding.max_length} positions.")
+        known = tf.get_static_value(index) if tf.is_tensor(index) else index
+        if known is None:  # a graph tensor
+            index = tf.cast(index, tf.int32)
+            check = tf.debugging.Assert(index < embedding.max_length,
+                                        ["position", index, message])
+            with tf.control_dependencies([check]):
+                return tf.identity(index)
+        if int(known) >= embedding.max_length:
+            raise ValueError(f"A decoder step at position {int(known)} is {message}")
+        return index
 
     def _positions(self, index, weights):
         embedding = self.target_embedding

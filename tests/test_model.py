@@ -354,6 +354,26 @@ def test_step_function_refuses_to_drop_finished_sentences(search):
     assert run().tokens.shape == (2, 6)
 
 
+def test_next_logits_past_a_learned_position_table_is_refused():
+    # `step_function` refuses a max_length past the table; `next_logits` had failed in a
+    # gather ("indices[0] = 6 is not in [0, 6)").
+    import tensorflow as tf
+
+    parts = TransformerParts(build_transformer(**TINY, learned_positions=True, max_length=6))
+    memory, memory_mask = parts.encode(_batch()["encoder_tokens"])
+    cache = parts.initial_cache(memory, memory_mask)
+    tokens = np.ones((2, 1), "int32")
+    for index in range(6):
+        _, cache = parts.next_logits(tokens, cache, index)
+    for index in (6, np.int32(6), tf.constant(6)):
+        with pytest.raises(ValueError, match=r"position 6 .*learned position table of 6"):
+            parts.next_logits(tokens, cache, index)
+    graph_step = tf.function(lambda i: parts.next_logits(tokens, cache, i)[0])
+    assert graph_step(tf.constant(5)).shape == (2, TINY["vocab_size"])
+    with pytest.raises(tf.errors.InvalidArgumentError, match="learned position table"):
+        graph_step(tf.constant(6))
+
+
 def test_fixed_length_cache_gives_the_growing_cache_logits():
     """The fixed-size cache (for XLA) masks unwritten positions: same logits as growing."""
     model = build_transformer(**TINY)
