@@ -12,6 +12,7 @@ What happens to bad input (the same rules for parallel files, TSV and TFDS datas
 | an empty file (or a split with no usable pair) | `DataError` naming the file                  |
 | a blank line (both sides empty)              | dropped, counted as `blank`                    |
 | a pair with one empty (or whitespace) side   | dropped, counted as `empty_source`/`empty_target` |
+| a side of characters normalization removes   | the same (zero-width spaces, bidi marks, controls) |
 | a TSV line without exactly one tab           | `DataError` with file, line number, tab count  |
 | CRLF line endings                            | repaired (the `\\r` removed), counted as `crlf` |
 | a UTF-8 byte order mark at the start of a file | repaired (removed), counted as `bom`         |
@@ -34,6 +35,7 @@ import json
 import os
 
 from keras_transformer import textfiles
+from keras_transformer.text.normalization import normalize
 from keras_transformer.textfiles import (
     UTF8_BOM,
     count_lines,
@@ -132,21 +134,29 @@ def decode_utf8(raw, where):
     return textfiles.decode_utf8(raw, where, DataError)
 
 
+def _no_text(side):
+    """Whether a stripped side holds no token once normalized as the tokenizers do (a
+    zero-width space, bidi marks, control characters alone). A side starting with a
+    letter or digit holds text: only the rest are normalized, in C++."""
+    return not side or (not side[0].isalnum() and not normalize(side))
+
+
 def keep_pair(source, target, report):
     """Strips a pair and decides whether it is kept; counts it in `report`.
 
     Returns:
         `(source, target)` stripped, or `None` when the pair is dropped (blank line, or one
-        empty side).
+        side empty, or of characters the tokenizers' normalization removes).
     """
     source, target = source.strip(), target.strip()
     report.read += 1
     report.kept += 1
-    if not source and not target:
+    source_empty, target_empty = _no_text(source), _no_text(target)
+    if source_empty and target_empty:
         report.drop("blank")
-    elif not source:
+    elif source_empty:
         report.drop("empty_source")
-    elif not target:
+    elif target_empty:
         report.drop("empty_target")
     else:
         return source, target

@@ -63,6 +63,20 @@ def test_blank_lines_and_one_sided_pairs_are_dropped_and_counted(tmp_path):
     assert len(_read(source, target, keep_all=True)[0]) == 6
 
 
+def test_sides_of_characters_the_tokenizer_removes_count_as_empty(tmp_path):
+    # A zero-width space, bidi marks, a BOM inside the file, a control character: no
+    # token after normalization, yet they had been kept (the model learned to translate
+    # to nothing: 24 of 40 translations empty in the audit's run).
+    invisible = ["\u200b", "\u200e\u200f", "\ufeff", "\x07", " \u200b\u00a0"]
+    source = write_lines(tmp_path / "a.fr", ["un", *invisible, "\u200b", "…", "🙂"])
+    target = write_lines(tmp_path / "a.en", ["one", "x", "y", "z", "w", "v", "\u200b", "...",
+                                               "smile"])
+    pairs, report = _read(source, target)
+    assert pairs == [("un", "one"), ("…", "..."), ("🙂", "smile")]
+    assert report.dropped == {"blank": 1, "empty_source": 5, "empty_target": 0,
+                              "too_long": 0}
+
+
 def test_crlf_and_bom_are_repaired_and_counted(tmp_path):
     source = write_bytes(tmp_path / "a.fr", b"\xef\xbb\xbfun\r\ndeux\r\n")
     target = write_bytes(tmp_path / "a.en.gz", b"one\ntwo\n")
