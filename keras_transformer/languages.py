@@ -14,6 +14,11 @@ _LANG_SUFFIX = re.compile(r"^[A-Za-z]{2,3}([_-][A-Za-z]{2,4})?$")
 _NOT_LANGUAGES = {"txt", "tsv", "csv", "tok", "raw", "src", "tgt", "ref", "out", "hyp"}
 # Languages written without spaces between words, for which sacreBLEU has no tokenizer of
 # their own: scored on characters.
+# Chinese: `zh` and its ISO 639-3 codes (the macrolanguage's members written in Han
+# characters: Mandarin, Cantonese, Literary Chinese, Wu, Hakka, Min, Gan, Xiang), and `cn`,
+# a country code used for it.
+_CHINESE = {"zh", "zho", "chi", "cn", "cmn", "yue", "lzh", "wuu", "hak", "nan", "cdo", "cpx",
+            "czh", "czo", "mnp", "gan", "hsn", "cjy"}
 _CHARACTER_SCRIPTS = {"th", "lo", "km", "my", "bo", "dz", "tha", "lao", "khm", "mya", "bod",
                       "dzo"}
 
@@ -41,8 +46,8 @@ def bleu_tokenizer(language):
 
     sacreBLEU's default, `13a`, splits words at spaces and punctuation: a Chinese or
     Japanese sentence would be one word, and BLEU about 0 whatever the translation. As WMT
-    scores them: Chinese `zh` (for the codes `zh`, `zho`, `chi`, `cmn` and the country code
-    `cn`); Japanese (`ja`, `jpn`, `jp`) `ja-mecab` when MeCab and its dictionary are
+    scores them: Chinese `zh` (for the codes `zh`, `zho`, `chi`, the country code `cn` and
+    the Chinese languages' own codes: `cmn`, `yue`, `lzh`, `wuu`, ...); Japanese (`ja`, `jpn`, `jp`) `ja-mecab` when MeCab and its dictionary are
     installed, else characters; Thai, Lao, Khmer, Burmese, Tibetan and Dzongkha characters;
     every other language `13a`. The BLEU signature printed with a score names the one used.
 
@@ -52,9 +57,9 @@ def bleu_tokenizer(language):
     ('13a', 'zh', 'char')
     """
     code = re.split(r"[_-]", (language or "").lower())[0]
-    if code in ("zh", "zho", "chi", "cmn", "cn"):  # cn, jp: country codes used for them
+    if code in _CHINESE:
         return "zh"
-    if code in ("ja", "jpn", "jp"):
+    if code in ("ja", "jpn", "jp"):  # jp: a country code used for it
         mecab = all(importlib.util.find_spec(name) for name in ("MeCab", "ipadic"))
         return "ja-mecab" if mecab else "char"
     if code in _CHARACTER_SCRIPTS:
