@@ -9,6 +9,7 @@ What happens to bad input (the same rules for parallel files, TSV and TFDS datas
 | input                                        | answer                                         |
 |----------------------------------------------|------------------------------------------------|
 | source and target files of different lengths | `DataError` naming both files and both counts  |
+| blank lines at the end of one file only      | blank pairs (dropped, counted as `blank`)      |
 | an empty file (or a split with no usable pair) | `DataError` naming the file                  |
 | a blank line (both sides empty)              | dropped, counted as `blank`                    |
 | a pair with one empty (or whitespace) side   | dropped, counted as `empty_source`/`empty_target` |
@@ -163,6 +164,15 @@ def keep_pair(source, target, report):
     return None
 
 
+def _lines_to_last_text(path):
+    """The number of the last line of `path` that holds more than whitespace (0: none)."""
+    last = 0
+    for number, line in enumerate(iter_lines(path), start=1):
+        if line.strip():
+            last = number
+    return last
+
+
 def check_parallel_files(source_path, target_path):
     """Raises `DataError` unless both files are non-empty and have the same line count.
 
@@ -176,6 +186,11 @@ def check_parallel_files(source_path, target_path):
         if count == 0:
             raise DataError(f"{os.fspath(path)} is empty: no sentence pairs to read.")
     source_count, target_count = counts[source_path], counts[target_path]
+    if source_count != target_count:
+        # Blank lines at the end of the longer file misalign nothing: blank pairs.
+        longer, shorter = sorted(counts, key=counts.get, reverse=True)
+        if _lines_to_last_text(longer) <= counts[shorter]:
+            return counts[longer]
     if source_count != target_count:
         raise DataError(
             f"Source and target files have different line counts: {os.fspath(source_path)} "
@@ -202,20 +217,25 @@ def read_parallel_files(source_path, target_path, report, keep_all=False):
         DataError: different line counts (found when one file ends first), invalid UTF-8.
     """
     sources, targets = iter_lines(source_path, report), iter_lines(target_path, report)
-    for source in sources:
-        target = next(targets, None)
-        if target is None:
-            break
+    done = object()
+    while True:
+        source, target = next(sources, done), next(targets, done)
+        if source is done and target is done:
+            return
+        if source is done or target is done:
+            # One file ended first: the rest of the other must be blank lines (blank
+            # pairs), else both are counted for the message.
+            line = target if source is done else source
+            if line.strip():
+                check_parallel_files(source_path, target_path)
+                raise DataError(f"{os.fspath(source_path)} and {os.fspath(target_path)} "
+                                "have different line counts.")  # changed while read
+            source, target = "", ""
         pair = keep_pair(source, target, report)
         if keep_all:
             yield source.strip(), target.strip()
         elif pair is not None:
             yield pair
-    else:
-        if next(targets, None) is None:
-            return
-    # One file ended first: count both fully for the message.
-    check_parallel_files(source_path, target_path)
 
 
 def read_tsv(path, report, keep_all=False):

@@ -43,6 +43,26 @@ def test_different_line_counts_name_both_files_and_counts(tmp_path, suffix):
             _read(*pair)
 
 
+def test_blank_lines_at_the_end_of_one_file_are_blank_pairs(tmp_path):
+    # An editor's extra empty lines at the end misalign nothing: they had been refused as
+    # "different line counts: 202 ... 200".
+    source = write_lines(tmp_path / "train.fr", ["un", "deux", "", "  "])
+    target = write_lines(tmp_path / "train.en", ["one", "two"])
+    FileSource({"train": [source, target]}).check(["train"])
+    for pair, expected in (((source, target), [("un", "one"), ("deux", "two")]),
+                           ((target, source), [("one", "un"), ("two", "deux")])):
+        pairs, report = _read(*pair)
+        assert pairs == expected
+        assert report.dropped["blank"] == 2 and report.read == 4
+        assert _read(*pair, keep_all=True)[0] == expected + [("", "")] * 2
+    # Text after them still misaligns the files.
+    longer = write_lines(tmp_path / "more.fr", ["un", "deux", "", "trois"])
+    with pytest.raises(DataError, match="different line counts"):
+        FileSource({"train": [longer, target]}).check(["train"])
+    with pytest.raises(DataError, match="different line counts"):
+        _read(longer, target)
+
+
 def test_empty_file_is_rejected_with_its_name(tmp_path):
     source = write_lines(tmp_path / "train.fr", [])
     target = write_lines(tmp_path / "train.en", [])
