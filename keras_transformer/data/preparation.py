@@ -137,7 +137,7 @@ def scan_split(source, split, source_tokenizer, target_tokenizer, max_length, ba
     dataset = (source.dataset(split, report, limit=limit, errors=errors).batch(_SCAN_CHUNK)
                .map(lengths, num_parallel_calls=tf.data.AUTOTUNE))
     # A histogram of lengths, not a list: memory stays constant for any corpus size.
-    histogram, too_long = np.zeros(max_length + 1, np.int64), 0
+    histogram, too_long, longest = np.zeros(max_length + 1, np.int64), 0, 0
     counted, next_log, started = 0, _SCAN_PROGRESS_EVERY, time.perf_counter()
     for chunk in dataset.as_numpy_iterator():
         counted += len(chunk)
@@ -146,6 +146,7 @@ def scan_split(source, split, source_tokenizer, target_tokenizer, max_length, ba
                 f"({time.perf_counter() - started:.0f} s)")
             next_log = (counted // _SCAN_PROGRESS_EVERY + 1) * _SCAN_PROGRESS_EVERY
         if drop_long:
+            longest = max(longest, int(chunk.max(initial=0)))
             too_long += int(np.sum(chunk > max_length))
             chunk = chunk[chunk <= max_length]
         histogram += np.bincount(np.minimum(chunk, max_length), minlength=max_length + 1)
@@ -154,7 +155,12 @@ def scan_split(source, split, source_tokenizer, target_tokenizer, max_length, ba
     for _ in range(too_long):
         report.drop("too_long")
     if report.kept == 0:
-        raise DataError(f"No usable sentence pair in {report.origin}: {report}")
+        advice = ""
+        if too_long:  # every pair the reader kept
+            advice = (f"; every pair is longer than max_length={max_length} tokens (the "
+                      f"longest: {longest}): train with --set max_length={longest}, or "
+                      "drop_long_pairs=false to cut pairs to max_length")
+        raise DataError(f"No usable sentence pair in {report.origin}: {report}{advice}")
     boundaries, sizes = batch_plan(
         max_length, batching.get("batch_size") or 64, batching.get("tokens_per_batch"),
         batching.get("bucket_boundaries"), batching.get("batch_multiple", 1))

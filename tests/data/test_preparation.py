@@ -134,8 +134,15 @@ def test_all_pairs_too_long_is_an_error(toy_corpus, toy_tokenizer, tmp_path):
     long = write_lines(tmp_path / "long.fr", ["le chat noir mange ici vite"] * 3)
     long_en = write_lines(tmp_path / "long.en", ["the black cat eats here fast"] * 3)
     source = open_source("files", {"train": [long, long_en]})
-    with pytest.raises(DataError, match="No usable sentence pair"):
+    with pytest.raises(DataError, match="No usable sentence pair") as error:
         scan_split(source, "train", toy_tokenizer, toy_tokenizer, 3, dict(batch_size=2))
+    # ... with what to do (the audit: a validation split whose pairs are all too long).
+    longest = max(len(toy_tokenizer.tokenize(["le chat noir mange ici vite"])[0]),
+                  len(toy_tokenizer.tokenize(["the black cat eats here fast"])[0])) + 1
+    assert (f"every pair is longer than max_length=3 tokens (the longest: {longest})"
+            in str(error.value))
+    assert f"--set max_length={longest}" in str(error.value)
+    assert "drop_long_pairs=false" in str(error.value)
 
 
 def test_truncation_instead_of_dropping_keeps_every_pair(toy_corpus, toy_tokenizer):
