@@ -139,10 +139,11 @@ def _data_overrides(args, set_languages=(None, None), config_languages=(None, No
                 "--data tsv takes one file for every split (--train TSV, --test NAME=TSV)")
         overrides["data_files"] = {k: v if data == "files" else v[0] for k, v in files.items()}
         if data == "files":  # languages from the file names (train.fr) unless given
-            from keras_transformer.languages import language_from_path
+            from keras_transformer.languages import languages_from_paths
 
-            named = [language_from_path(path) for path in files["train"]]
             try:
+                named = ([None, None] if source_lang and target_lang
+                         else languages_from_paths(*files["train"]))
                 check_file_directions({"train": files["train"]}, source_lang, target_lang)
                 source_lang = source_lang or named[0] or config_languages[0]
                 target_lang = target_lang or named[1] or config_languages[1]

@@ -40,6 +40,20 @@ def language_from_path(path):
     return suffix
 
 
+def languages_from_paths(source_path, target_path):
+    """`[source code, target code]` read from two file names (`language_from_path`, None
+    where a name has none); `ValueError` when both names give the same code (`train.en.bpe`
+    and `train.zh.bpe` both end in `bpe`), which is no direction."""
+    named = [language_from_path(source_path), language_from_path(target_path)]
+    if named[0] and named[0] == named[1]:
+        raise ValueError(
+            f"Both file names end in {named[0]!r} ({source_path}, {target_path}), read as "
+            "their languages, which must differ: pass --source-lang and --target-lang "
+            "(source_lang and target_lang)."
+        )
+    return named
+
+
 def bleu_tokenizer(language):
     """The sacreBLEU tokenizer for translations into `language` (a code such as `de`,
     `zh_CN`, or None).

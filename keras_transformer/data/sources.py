@@ -42,7 +42,7 @@ from keras_transformer.data.readers import (
     read_parallel_files,
     read_tsv,
 )
-from keras_transformer.languages import language_from_path
+from keras_transformer.languages import language_from_path, languages_from_paths
 
 # Data source kinds of `TrainingConfig.data` (plus `tfds:<name>`).
 KINDS = ("multi30k", "files", "tsv")
@@ -252,9 +252,10 @@ class FileSource(ParallelSource):
                 raise ValueError(f"Split {name!r} needs a source and a target file, got {paths}.")
         if "train" in self.files:
             check_file_directions({"train": self.files["train"]}, source_lang, target_lang)
-            named = [language_from_path(path) for path in self.files["train"]]
-            source_lang = source_lang or named[0]
-            target_lang = target_lang or named[1]
+            if not (source_lang and target_lang):
+                named = languages_from_paths(*self.files["train"])
+                source_lang = source_lang or named[0]
+                target_lang = target_lang or named[1]
         if not (source_lang and target_lang):
             raise ValueError(
                 "Could not tell the languages from the file names; give source_lang and "

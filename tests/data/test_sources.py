@@ -12,6 +12,8 @@ from keras_transformer.data.sources import (
     open_source,
 )
 
+from tests.data.conftest import write_lines
+
 
 def test_files_source_infers_languages_and_streams(toy_corpus):
     files = {"train": toy_corpus["gz"]["train"], "valid": toy_corpus["gz"]["val"],
@@ -34,6 +36,16 @@ def test_language_from_path():
     assert language_from_path("corpus/train.fr.gz") == "fr"
     assert language_from_path("news.pt_br") == "pt_br"
     assert language_from_path("train.txt") is None and language_from_path("train") is None
+
+
+def test_files_named_with_one_suffix_are_told_to_name_their_languages(tmp_path):
+    # `train.en.bpe` / `train.zh.bpe`: "two different codes, got 'bpe'", without saying
+    # that the code was read from the file names, or what to do.
+    source = write_lines(tmp_path / "train.en.bpe", ["a"])
+    target = write_lines(tmp_path / "train.zh.bpe", ["b"])
+    with pytest.raises(ValueError, match=r"file names end in 'bpe'.*--source-lang"):
+        open_source("files", {"train": [source, target]})
+    assert open_source("files", {"train": [source, target]}, "en", "zh").source_lang == "en"
 
 
 def test_tsv_source_needs_languages(toy_corpus):
