@@ -150,13 +150,17 @@ def train_tokenizers(
         )
         tokenizer = SubwordTokenizer(path)
         return tokenizer, tokenizer
-    source_path = train_sentencepiece(
-        sources, output_dir / SOURCE_FILENAME, vocab_size, **sentencepiece_options
-    )
+
+    def train_side(side, language, sentences, filename):
+        try:
+            return train_sentencepiece(sentences, output_dir / filename, vocab_size,
+                                       **sentencepiece_options)
+        except ValueError as error:  # which side: one vocab_size serves both
+            raise ValueError(f"The {side} ({language}) vocabulary: {error}") from None
+
+    source_path = train_side("source", src_lang, sources, SOURCE_FILENAME)
     try:
-        target_path = train_sentencepiece(
-            targets, output_dir / TARGET_FILENAME, vocab_size, **sentencepiece_options
-        )
+        target_path = train_side("target", tgt_lang, targets, TARGET_FILENAME)
     except BaseException:
         # No half vocabulary left behind: a retry with other settings starts clean.
         source_path.unlink()
