@@ -702,10 +702,14 @@ def _translate_and_report(args, sources, references, target_lang=None):
           f"                      chrF {scores['chrf_signature']}")
     changed = scores["references_changed_by_normalization"]
     if changed:
+        rule = scores["normalization"]
         print(f"{changed} of {len(references)} references hold characters the vocabulary "
-              "normalizes (NFKC: full-width punctuation, ligatures, ...), which the model "
-              "cannot write: the BLEU above is understated; against the normalized references "
-              f"it is {scores['bleu_normalized_references']:.2f}.")
+              f"normalizes ({rule}: "
+              + ("full-width punctuation, ligatures, zero-width and bidi marks, ..."
+                 if rule == "nmt_nfkc" else "full-width punctuation, ligatures, ...")
+              + "), which the model cannot write: the BLEU above is understated; against the "
+              f"normalized references it is {scores['bleu_normalized_references']:.2f}. A "
+              "run trained with --set normalization=identity writes them as given.")
     _report_cut_lines(scores["model_path"], scores["truncated_lines"], len(sources),
                       scores["unfinished_lines"])
     if args.json:

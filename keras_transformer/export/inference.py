@@ -387,28 +387,32 @@ class ProgressBar:
         self.stream.flush()
 
 
-def evaluate_translations(hypotheses, references, target_lang=None):
+def evaluate_translations(hypotheses, references, target_lang=None, normalization="nmt_nfkc"):
     """Corpus BLEU (cased and lowercased) and chrF with sacreBLEU, with their signatures.
 
     Both sides are detokenized text, scored with sacreBLEU's defaults (`13a` tokenization,
     exponential smoothing, chrF with character order 6 and beta 2), BLEU tokenized as
     `target_lang` is written (`keras_transformer.languages.bleu_tokenizer`: `zh` for
     Chinese, characters for Japanese without MeCab, Thai, ...). References are used as
-    given. The exported translator writes SentencePiece-normalized text
-    (`keras_transformer.text.normalize`, NFKC): for most text that only collapses spaces,
-    but full-width punctuation (Chinese, Japanese), ligatures or compatibility characters
-    in a reference are characters the model cannot write. Such references are counted
-    (`references_changed_by_normalization`, whitespace aside), and BLEU against the
-    normalized references is given too (`bleu_normalized_references`).
+    given. The exported translator writes text normalized by its vocabulary's rule
+    (`keras_transformer.text.normalize`; `nmt_nfkc` unless trained with another
+    `normalization`): for most text that only collapses spaces, but under NFKC full-width
+    punctuation (Chinese, Japanese), ligatures or compatibility characters in a reference
+    are characters the model cannot write, and under `nmt_nfkc` zero-width characters and
+    bidi marks too. Such references are counted (`references_changed_by_normalization`,
+    whitespace aside), and BLEU against the normalized references is given too
+    (`bleu_normalized_references`).
 
     Args:
         hypotheses: list of str, one translation per sentence.
         references: list of str, one reference per sentence.
         target_lang: str or None, the language of both (None: `13a`). Defaults to `None`.
+        normalization: str, the SentencePiece rule of the model's vocabulary (the run's
+            `normalization`). Defaults to `"nmt_nfkc"`.
 
     Returns:
         dict with `bleu`, `bleu_signature`, `bleu_lowercase`, `bleu_lowercase_signature`,
-        `chrf`, `chrf_signature` (scores in [0, 100]), `sentences`,
+        `chrf`, `chrf_signature` (scores in [0, 100]), `sentences`, `normalization`,
         `references_changed_by_normalization` and `bleu_normalized_references` (`bleu`
         when no reference changed).
 
@@ -440,7 +444,8 @@ def evaluate_translations(hypotheses, references, target_lang=None):
     result["sentences"] = len(hypotheses)
     from keras_transformer.text.normalization import normalize
 
-    normalized = normalize(references)
+    normalized = normalize(references, normalization)
+    result["normalization"] = normalization
     result["references_changed_by_normalization"] = sum(
         n.split() != r.split() for n, r in zip(normalized, references))
     result["bleu_normalized_references"] = (float(
@@ -487,7 +492,10 @@ def evaluate_export(path, sources, references, batch_size=64, signature="transla
     results = translator.translate(sources, batch_size=batch_size, on_batch=on_batch)
     seconds = time.perf_counter() - start
     translations = [r["translation"] for r in results]
-    result = evaluate_translations(translations, references, target_lang)
+    # The rule of the export's vocabulary (exports from before the setting: nmt_nfkc).
+    normalization = (read_export_metadata(path).get("training_config") or {}).get(
+        "normalization", "nmt_nfkc")
+    result = evaluate_translations(translations, references, target_lang, normalization)
     result.update(
         seconds=seconds,
         sentences_per_second=len(sources) / seconds if seconds > 0 else float("inf"),

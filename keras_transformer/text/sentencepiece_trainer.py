@@ -142,7 +142,9 @@ def train_sentencepiece(
             raise ValueError(
                 f"A vocabulary of vocab_size={vocab_size} pieces is too small for this "
                 f"corpus: its characters and the special tokens need {too_small[1]}. Train "
-                "with a larger one (--set vocab_size=N, N well above that)."
+                "with a larger one (--set vocab_size=N, N well above that), or give only the "
+                "commoner characters pieces of their own and spell the rarest in UTF-8 "
+                "bytes (--set character_coverage=0.9995, for Chinese or Japanese)."
             ) from None
         if "Vocabulary size too high" not in str(error):
             raise

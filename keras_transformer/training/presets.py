@@ -9,6 +9,8 @@ import types
 import typing
 
 PRECISIONS = (None, "mixed_bfloat16", "mixed_float16", "auto")
+# SentencePiece normalization rules a vocabulary may be trained with (`normalization`).
+NORMALIZATIONS = ("nmt_nfkc", "nfkc", "identity")
 # CPU feature flags (Linux /proc/cpuinfo) of instructions that compute bfloat16 dot products
 # natively. Without them TensorFlow emulates bfloat16 and `mixed_bfloat16` trains slower than
 # float32; with AVX-512 BF16 it trained the `multi30k` model 1.32x faster (RESULTS.md).
@@ -96,6 +98,19 @@ class TrainingConfig:
     )
     shared_vocabulary: bool = _field(
         True, "One vocabulary for source and target (a joint tokenizer and embedding)."
+    )
+    normalization: str = _field(
+        "nmt_nfkc", "Text normalization of the vocabulary, which the model reads and writes "
+        "text through (SentencePiece's rule): 'nmt_nfkc' (NFKC; whitespace variants, "
+        "zero-width characters and bidi marks become spaces, control characters go), "
+        "'nfkc' (NFKC only: keeps Persian's zero-width non-joiner and bidi marks), "
+        "'identity' (text as written: keeps full-width CJK punctuation too)."
+    )
+    character_coverage: float = _field(
+        1.0, "Share of the training text's characters that get pieces of their own; the "
+        "rarest others are spelled in UTF-8 bytes (byte fallback, nothing lost). 1.0: every "
+        "character seen; 0.9995 for scripts of thousands of characters (Chinese, Japanese); at "
+        "least 0.98."
     )
     d_model: int = _field(512, "Width of embeddings and of every sublayer output.")
     num_heads: int = _field(8, "Attention heads per attention layer; divides d_model.")
@@ -303,6 +318,16 @@ class TrainingConfig:
             raise ValueError(
                 f"`data={self.data!r}` needs `data_files` with a 'train' entry. Received: "
                 f"{self.data_files!r}"
+            )
+        if self.normalization not in NORMALIZATIONS:
+            raise ValueError(
+                f"`normalization` must be one of {NORMALIZATIONS}. Received: "
+                f"{self.normalization!r}"
+            )
+        if not 0.98 <= self.character_coverage <= 1.0:  # SentencePiece's own range
+            raise ValueError(
+                "`character_coverage` must be in [0.98, 1]. Received: "
+                f"{self.character_coverage}"
             )
         if self.precision not in PRECISIONS:
             raise ValueError(

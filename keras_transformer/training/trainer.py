@@ -151,6 +151,8 @@ def prepare_tokenizers(config, train_split, output_dir):
         max_pairs=config.tokenizer_sample_pairs,
         seed=config.seed,
         max_chars=TOKENIZER_SAMPLE_CHARS,
+        normalization_rule_name=config.normalization,
+        character_coverage=config.character_coverage,
     )
     print(f"Trained a {config.vocab_size}-piece {'shared' if config.shared_vocabulary else 'separate'}"
           f" SentencePiece vocabulary in {time.time() - started:.1f}s -> {directory}", flush=True)
@@ -297,8 +299,9 @@ def make_datasets(config, splits, source_tokenizer, target_tokenizer, replicas=1
 RESUMABLE_FIELDS = ("epochs", "keep_checkpoints", "time_budget_minutes")
 # What the run's vocabulary (`prepare_tokenizers`) is made from: until an epoch is trained
 # every other field may change (the data report is counted again when its settings do).
-VOCABULARY_FIELDS = ("vocab_size", "shared_vocabulary", "data", "data_files", "source_lang",
-                     "target_lang", "tokenizer_sample_pairs", "train_subset", "seed")
+VOCABULARY_FIELDS = ("vocab_size", "shared_vocabulary", "normalization", "character_coverage",
+                     "data", "data_files", "source_lang", "target_lang",
+                     "tokenizer_sample_pairs", "train_subset", "seed")
 # A run directory holds these (written by `train`); a directory without any of them is
 # not a run directory (see `is_run_directory`).
 RUN_MARKERS = ("config.json", "history.json", "model.keras", "backup", "tokenizer")

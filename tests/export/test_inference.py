@@ -268,3 +268,40 @@ def test_references_the_vocabulary_normalizes_are_counted_and_scored_both_ways()
     plain = evaluate_translations(REFERENCES, [r + "  " for r in REFERENCES])
     assert plain["references_changed_by_normalization"] == 0
     assert plain["bleu_normalized_references"] == plain["bleu"]
+    # A vocabulary trained with `--set normalization=identity` writes them as given.
+    identity = evaluate_translations(references, references, target_lang="zh",
+                                     normalization="identity")
+    assert identity["references_changed_by_normalization"] == 0
+    assert identity["normalization"] == "identity" and result["normalization"] == "nmt_nfkc"
+
+
+def test_evaluating_an_export_normalizes_references_with_its_vocabulary_rule(tmp_path,
+                                                                             monkeypatch):
+    from keras_transformer.export import inference
+
+    seen = {}
+
+    class Exported:
+        path = tmp_path
+
+        def __init__(self, path, signature):
+            pass
+
+        def translate(self, sentences, batch_size=64, on_batch=None):
+            return [{"translation": s, "truncated": False, "unfinished": False}
+                    for s in sentences]
+
+    def evaluate(hypotheses, references, target_lang=None, normalization="nmt_nfkc"):
+        seen["normalization"] = normalization
+        return {}
+
+    monkeypatch.setattr(inference, "ExportedTranslator", Exported)
+    monkeypatch.setattr(inference, "evaluate_translations", evaluate)
+    monkeypatch.setattr(inference, "read_export_metadata", lambda path: {
+        "training_config": {"normalization": "nfkc"}})
+    inference.evaluate_export(tmp_path, ["a"], ["a"])
+    assert seen["normalization"] == "nfkc"
+    # Exports from before the setting: the rule every vocabulary then had.
+    monkeypatch.setattr(inference, "read_export_metadata", lambda path: {})
+    inference.evaluate_export(tmp_path, ["a"], ["a"])
+    assert seen["normalization"] == "nmt_nfkc"

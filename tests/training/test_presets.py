@@ -51,6 +51,11 @@ def test_replace_overrides_and_validates():
     assert "learned_positions" not in str(error.value)
     with pytest.raises(ValueError, match="precision"):
         config.replace(precision="float16")
+    with pytest.raises(ValueError, match=r"normalization.*'nmt_nfkc', 'nfkc', 'identity'"):
+        config.replace(normalization="nfc")
+    for coverage in (0.9, 1.5):
+        with pytest.raises(ValueError, match=r"character_coverage.*\[0\.98, 1\]"):
+            config.replace(character_coverage=coverage)
     with pytest.raises(ValueError, match="exactly one"):
         config.replace(tokens_per_batch=512)
     for late in ({"late_dropout": 1.0, "dropout": 0.1, "late_dropout_after": 3},
