@@ -118,7 +118,8 @@ def beam_search(
             `greedy_search` (`decoding.InPlaceCache(ancestry=True)` reorders a table of
             row ancestries instead of the keys and values). Defaults to `None`: every
             tensor's leading axis, tiled with `tile_beams` and reordered with `tf.gather`.
-        early_stopping: bool, the stopping rule above. Defaults to `False` (exact).
+        early_stopping: bool, the stopping rule above. Defaults to `False` (exact; the
+            `Translator` and the exports default to `True`).
         length_penalty_form: str, `"gnmt"` or `"power"` (`utils.length_penalty`): with
             `"power"`, `early_stopping=True` and `alpha != 0` this is CTranslate2's beam
             search, whose `length_penalty` is `alpha` (at `length_penalty=0` CTranslate2
