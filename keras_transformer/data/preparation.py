@@ -28,7 +28,12 @@ import numpy as np
 import tensorflow as tf
 
 from keras_transformer.data.pipeline import batch_plan, count_batches
-from keras_transformer.data.readers import DataError, SplitReport, write_json_atomically
+from keras_transformer.data.readers import (
+    READER_RULES,
+    DataError,
+    SplitReport,
+    write_json_atomically,
+)
 from keras_transformer.data.sources import open_source
 from keras_transformer.textfiles import file_digest
 
@@ -239,7 +244,8 @@ def prepare_data_report(source, config, source_tokenizer, target_tokenizer, outp
     batching = dict(batch_size=config.batch_size or 64, tokens_per_batch=config.tokens_per_batch,
                     bucket_boundaries=list(config.bucket_boundaries or []) or None,
                     batch_multiple=replicas)
-    fingerprint = dict(source=source.spec(), max_length=config.max_length,
+    fingerprint = dict(source=source.spec(), reader_rules=READER_RULES,
+                       max_length=config.max_length,
                        train_subset=config.train_subset, drop_long=config.drop_long_pairs,
                        files=_file_stats(source.spec(), splits), **batching)
     path = pathlib.Path(output_dir) / REPORT_FILENAME

@@ -135,10 +135,16 @@ def decode_utf8(raw, where):
     return textfiles.decode_utf8(raw, where, DataError)
 
 
+# What the reader keeps changed (sides of characters normalization removes count as empty):
+# a data report counted under other rules is counted again (`prepare_data_report`).
+READER_RULES = 2
+
+
 def _no_text(side):
-    """Whether a stripped side holds no token once normalized as the tokenizers do (a
-    zero-width space, bidi marks, control characters alone). A side starting with a
-    letter or digit holds text: only the rest are normalized, in C++."""
+    """Whether a stripped side holds no token once normalized by the default rule
+    (`nmt_nfkc`: a zero-width space, bidi marks, control characters alone); with another
+    `normalization` such a side has a token or two, but no text either. A side starting
+    with a letter or digit holds text: only the rest are normalized, in C++."""
     return not side or (not side[0].isalnum() and not normalize(side))
 
 
