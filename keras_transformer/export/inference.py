@@ -454,6 +454,20 @@ def evaluate_translations(hypotheses, references, target_lang=None, normalizatio
     return result
 
 
+def _export_normalization(version_dir, record):
+    """The normalization rule of an export's target vocabulary: its SentencePiece model in
+    `assets/` (`target.model` with separate vocabularies, else `tokenizer.model`), else the
+    run's configuration in the record, else `nmt_nfkc` (every vocabulary's before the
+    setting)."""
+    from keras_transformer.text.normalization import NORMALIZATION_RULE, model_normalization
+
+    assets = pathlib.Path(version_dir) / "assets"
+    for name in ("target.model", "tokenizer.model"):  # TARGET_FILENAME, MODEL_FILENAME
+        if (assets / name).is_file():
+            return model_normalization(assets / name)
+    return (record.get("training_config") or {}).get("normalization", NORMALIZATION_RULE)
+
+
 def evaluate_export(path, sources, references, batch_size=64, signature="translate",
                     on_batch=None, target_lang=None):
     """Translates `sources` with an exported model, scores them and measures the speed.
@@ -492,9 +506,7 @@ def evaluate_export(path, sources, references, batch_size=64, signature="transla
     results = translator.translate(sources, batch_size=batch_size, on_batch=on_batch)
     seconds = time.perf_counter() - start
     translations = [r["translation"] for r in results]
-    # The rule of the export's vocabulary (exports from before the setting: nmt_nfkc).
-    normalization = (read_export_metadata(path).get("training_config") or {}).get(
-        "normalization", "nmt_nfkc")
+    normalization = _export_normalization(translator.path, read_export_metadata(path))
     result = evaluate_translations(translations, references, target_lang, normalization)
     result.update(
         seconds=seconds,

@@ -4,7 +4,9 @@ SentencePiece normalizes its input before segmenting it, so `detokenize(tokenize
 returns the *normalized* text, not `s`. `normalize(s)` applies exactly the same rule in
 Python, so tests and BLEU can compare a detokenized output with `normalize(reference)`.
 
-The rule (`nmt_nfkc`, SentencePiece's default) is:
+The rule (`nmt_nfkc`, SentencePiece's default and the vocabularies' unless trained with
+another `normalization`: `nfkc` is step 1 alone, `identity` none; `model_normalization`
+reads a model's) is:
 
 1. Unicode NFKC: compatibility characters are folded (`"ﬁ"` -> `"fi"`, full-width
    `"Ｆ"` -> `"F"`, `"½"` -> `"1⁄2"`), composed characters stay composed.
@@ -36,6 +38,17 @@ def _normalizer(rule_name):
         escape_whitespaces=False,
         remove_extra_whitespaces=True,
     )
+
+
+def model_normalization(path):
+    """The normalization rule a SentencePiece `.model` file was trained with, e.g.
+    `"nmt_nfkc"`."""
+    from sentencepiece import sentencepiece_model_pb2
+
+    proto = sentencepiece_model_pb2.ModelProto()
+    with open(path, "rb") as f:
+        proto.ParseFromString(f.read())
+    return proto.normalizer_spec.name
 
 
 def normalize(text, rule_name=NORMALIZATION_RULE):

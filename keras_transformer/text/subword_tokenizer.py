@@ -80,8 +80,9 @@ class SubwordTokenizer(tf.Module):
     was moved.
 
     Input text is transcoded from UTF-8 to UTF-8 with invalid bytes replaced by U+FFFD,
-    then normalized by SentencePiece (see `keras_transformer.text.normalization`), so
-    `detokenize(tokenize(s)) == normalize(s)`.
+    then normalized by SentencePiece with the model's own rule (see
+    `keras_transformer.text.normalization`), so `detokenize(tokenize(s)) == normalize(s,
+    rule)`; `rule` is `nmt_nfkc` unless the vocabulary was trained with another.
 
     Args:
         model_path: str or path-like, a SentencePiece `.model` file trained with the

@@ -305,3 +305,15 @@ def test_evaluating_an_export_normalizes_references_with_its_vocabulary_rule(tmp
     monkeypatch.setattr(inference, "read_export_metadata", lambda path: {})
     inference.evaluate_export(tmp_path, ["a"], ["a"])
     assert seen["normalization"] == "nmt_nfkc"
+    # An export made in Python (no training config): the rule its target vocabulary holds.
+    from keras_transformer.text import train_sentencepiece
+
+    sentences = [f"word{i} and more words {i * 7}" for i in range(200)]
+    train_sentencepiece(sentences, tmp_path / "assets" / "tokenizer.model", vocab_size=300,
+                        normalization_rule_name="identity")
+    inference.evaluate_export(tmp_path, ["a"], ["a"])
+    assert seen["normalization"] == "identity"
+    train_sentencepiece(sentences, tmp_path / "assets" / "target.model", vocab_size=300,
+                        normalization_rule_name="nfkc")  # separate vocabularies
+    inference.evaluate_export(tmp_path, ["a"], ["a"])
+    assert seen["normalization"] == "nfkc"
