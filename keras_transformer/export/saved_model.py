@@ -89,7 +89,7 @@ def export_translator(translator, base_dir, version=None, metadata=None):
             # The `metadata` signature's facts (the direction), which a server batching its
             # requests cannot call: the record is where a client reads them then.
             **{key: value for key, value in getattr(translator, "metadata_values", {}).items()
-               if value != ""},
+               if value not in ("", None)},
             **(metadata or {}),
         }
         (extra / "translator.json").write_text(json.dumps(record, indent=2, default=str))

@@ -131,7 +131,8 @@ def exported(copy_task, tmp_path_factory):
     from keras_transformer.export import export_translator
 
     translator = copy_task.translator(search="beam", beam_size=EXPORT_BEAM_SIZE,
-                                      stored_projection=True, metadata=COPY_DIRECTION)
+                                      stored_projection=True,
+                                      metadata={**COPY_DIRECTION, "domain": None})
     assert hasattr(translator, "projection_kernel")  # the copy model is tied
     written = tmp_path_factory.mktemp("export_written") / "translator"
     version_dir = export_translator(translator, written, metadata={"task": "copy"})

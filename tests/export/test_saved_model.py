@@ -116,6 +116,9 @@ def test_layout_signatures_and_assets(exported):
     # The Translator's metadata (the direction), which a batching server cannot ask the
     # `metadata` signature for, was missing from the record.
     assert {key: record.get(key) for key in COPY_DIRECTION} == COPY_DIRECTION
+    # A None value (the signature answers "") is not recorded: `null` had stood for it,
+    # which readers of the record took as the value instead of falling back.
+    assert "domain" not in record
     assert record["tensorflow"] == tf.__version__
 
 
