@@ -36,7 +36,11 @@ from keras_transformer.model import TransformerParts, build_transformer
 
 # Registered for loading: a run's model.keras holds its loss, metric and optimizer (with its
 # schedule). Light modules (Keras and TensorFlow only); the rest of training stays unloaded.
-from keras_transformer.training import losses, metrics, optimizers, schedules  # noqa: E402,F401
+import importlib  # noqa: E402
+
+for _module in ("losses", "metrics", "optimizers", "schedules"):
+    importlib.import_module(f"keras_transformer.training.{_module}")
+del _module, importlib
 
 __version__ = "0.1.0"
 

@@ -223,3 +223,7 @@ def test_a_saved_training_model_loads_after_importing_the_package_only(tmp_path)
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.strip().splitlines()[-2:] == [
         "FusedAdam TransformerSchedule MaskedSparseCategoricalCrossentropy", "[]"]
+    # ... without training's modules as names of the package (`keras_transformer.metrics`).
+    import keras_transformer
+
+    assert not {"losses", "metrics", "optimizers", "schedules"} & set(vars(keras_transformer))
