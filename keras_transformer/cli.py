@@ -556,6 +556,10 @@ def _report_cut_lines(export, cut, lines, unfinished=()):
 def _read_parallel(source_path, reference_path):
     """Reads a source and a reference file; refuses them unless they pair up line by line."""
     sources, references = _read_lines(source_path), _read_lines(reference_path)
+    # Blank lines at the end of the longer file are no sentences (as in training).
+    longer = sources if len(sources) > len(references) else references
+    while len(longer) > min(len(sources), len(references)) and not longer[-1].strip():
+        longer.pop()
     if len(sources) != len(references):
         raise SystemExit(
             f"{source_path} has {len(sources)} lines but {reference_path} has "

@@ -306,6 +306,21 @@ def test_evaluate_refuses_files_that_are_not_utf8(tmp_path):
         _read_parallel(tmp_path / "test.fr", tmp_path / "test.de")
 
 
+def test_evaluate_reads_blank_lines_at_the_end_of_one_file_as_training_does(tmp_path):
+    # Training accepts an editor's blank lines at the end of one file; evaluate --src/--ref
+    # refused them ("30 lines but ... 32"). They are no sentences: left out of the count.
+    from keras_transformer.cli import _read_parallel
+
+    (tmp_path / "test.fr").write_text("une maison\nun chien\n", encoding="utf-8")
+    (tmp_path / "test.de").write_text("ein Haus\nein Hund\n\n  \n", encoding="utf-8")
+    expected = (["une maison", "un chien"], ["ein Haus", "ein Hund"])
+    assert _read_parallel(tmp_path / "test.fr", tmp_path / "test.de") == expected
+    assert _read_parallel(tmp_path / "test.de", tmp_path / "test.fr") == expected[::-1]
+    (tmp_path / "more.de").write_text("ein Haus\nein Hund\n\nnoch\n", encoding="utf-8")
+    with pytest.raises(SystemExit, match="2 lines but .*more.de has 4"):
+        _read_parallel(tmp_path / "test.fr", tmp_path / "more.de")
+
+
 def test_evaluate_refuses_split_options_with_its_own_files(tmp_path):
     # With --src/--ref, --split, --data-dir and --tfds-dir were ignored (`evaluate --src a
     # --ref b --split news` scored a and b).

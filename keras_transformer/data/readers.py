@@ -230,13 +230,15 @@ def read_parallel_files(source_path, target_path, report, keep_all=False):
             return
         if source is done or target is done:
             # One file ended first: the rest of the other must be blank lines (blank
-            # pairs), else both are counted for the message.
+            # pairs, no sentences even for evaluation), else both are counted for the
+            # message.
             line = target if source is done else source
             if line.strip():
                 check_parallel_files(source_path, target_path)
                 raise DataError(f"{os.fspath(source_path)} and {os.fspath(target_path)} "
                                 "have different line counts.")  # changed while read
-            source, target = "", ""
+            keep_pair("", "", report)
+            continue
         pair = keep_pair(source, target, report)
         if keep_all:
             yield source.strip(), target.strip()
