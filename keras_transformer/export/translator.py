@@ -22,6 +22,11 @@ IN_PLACE_CACHE = ("beam", "all", "none")
 BEAM_STOPPING = ("early", "exact")
 
 
+# A line holding no text: whitespace and separators, controls and format characters (zero-width
+# spaces and joiners, bidi marks, a BOM) alone (RE2's Unicode classes, a core TensorFlow op).
+NO_TEXT_PATTERN = r"[\s\p{Z}\p{Cc}\p{Cf}]*"
+
+
 @dataclasses.dataclass
 class DecodingConfig:
     """How a `Translator` decodes; fixed when the SavedModel is exported.
@@ -464,9 +469,10 @@ class Translator(tf.Module):
                 tokens, scores, lengths = tf.cond(rows <= config.jit_max_rows, compiled, regular)
         else:
             tokens, scores, lengths = regular()
-        # A sentence without text (an empty or blank line: END alone) translates to
-        # nothing, not to what the model makes of END alone.
-        empty = source_lengths <= 1
+        # A sentence without text translates to nothing, not to what the model makes of it:
+        # an empty or blank line (END alone), or one of zero-width characters, bidi marks
+        # and controls alone, which training drops whatever the vocabulary keeps of them.
+        empty = (source_lengths <= 1) | tf.strings.regex_full_match(text, NO_TEXT_PATTERN)
         # A translation whose last token is not END stopped at its length limit.
         last = tf.gather(tokens, tf.maximum(lengths - 1, 0), axis=1, batch_dims=1)
         return {

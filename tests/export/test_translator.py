@@ -104,6 +104,19 @@ def test_a_sentence_without_text_translates_to_nothing(copy_task, search):
     assert text[3] and length[3] > 0
 
 
+def test_a_line_of_invisible_characters_translates_to_nothing(small_tokenizer):
+    # Training drops sides of zero-width characters, bidi marks and controls alone; with a
+    # vocabulary that keeps them as pieces (`normalization=nfkc`/`identity`; here the ZWJ,
+    # which nmt_nfkc keeps too) a line of them was translated into an invented word.
+    translator = tiny_translator(small_tokenizer, tiny_model(small_tokenizer),
+                                 max_input_length=TABLE, max_output_length=TABLE)
+    text, score, length = outputs(translator, ["\u200d", "\u200b\u200c\u200e \u00a0",
+                                               "\x07\ufeff", "ka lo mi\u200d"])
+    assert text[:3] == ["", "", ""] and list(length[:3]) == [0, 0, 0]
+    assert list(score[:3]) == [0.0, 0.0, 0.0]
+    assert length[3] > 0
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("search", ["greedy", "beam"])
 def test_a_translation_cut_at_its_length_limit_is_flagged(copy_task, search):
