@@ -713,7 +713,8 @@ def _translate_and_report(args, sources, references, target_lang=None):
                  if rule == "nmt_nfkc" else "full-width punctuation, ligatures, ...")
               + "), which the model cannot write: the BLEU above is understated; against the "
               f"normalized references it is {scores['bleu_normalized_references']:.2f}. A "
-              "run trained with --set normalization=identity writes them as given.")
+              "run trained with --set normalization=nfkc keeps zero-width characters and bidi "
+              "marks, with identity every character as given.")
     _report_cut_lines(scores["model_path"], scores["truncated_lines"], len(sources),
                       scores["unfinished_lines"])
     if args.json:

@@ -139,12 +139,16 @@ def train_sentencepiece(
         # character_coverage with --character_coverage option." (not an option of ours)
         too_small = re.search(r"smaller than required_chars\. \d+ vs (\d+)", str(error))
         if too_small:
+            coverage = options["character_coverage"]
+            fewer = ("--set character_coverage=0.9995, for Chinese or Japanese" if coverage >= 1
+                     else f"with character_coverage={coverage:g} now, set it lower, down to "
+                     "0.98")
             raise ValueError(
                 f"A vocabulary of vocab_size={vocab_size} pieces is too small for this "
                 f"corpus: its characters and the special tokens need {too_small[1]}. Train "
                 "with a larger one (--set vocab_size=N, N well above that), or give only the "
                 "commoner characters pieces of their own and spell the rarest in UTF-8 "
-                "bytes (--set character_coverage=0.9995, for Chinese or Japanese)."
+                f"bytes ({fewer})."
             ) from None
         if "Vocabulary size too high" not in str(error):
             raise

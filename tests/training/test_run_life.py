@@ -506,6 +506,10 @@ def test_rare_characters_can_be_left_to_the_byte_fallback(tmp_path):
     config = get_preset("tiny").replace(source_lang="en", target_lang="zh", vocab_size=500)
     with pytest.raises(ValueError, match=r"character_coverage=0\.9995"):
         prepare_tokenizers(config, pairs, tmp_path / "full")
+    # Already below 1: the advice is a lower coverage, not the same one.
+    with pytest.raises(ValueError, match=r"character_coverage=0\.9995.*lower, down to 0\.98"):
+        prepare_tokenizers(config.replace(character_coverage=0.9995), pairs,
+                           tmp_path / "partly")
     _, target = prepare_tokenizers(config.replace(character_coverage=0.98), pairs,
                                    tmp_path / "covered")
     assert target.detokenize(target.tokenize([rare[0]])).numpy()[0].decode() == rare[0]
