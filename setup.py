@@ -20,6 +20,9 @@ setup(
         "tensorflow-text~=2.21.0",
         "keras>=3.15,<4",
         "tensorflow-datasets>=4.9,<5",
+        # TFDS 4.9.10 imports it to prepare any dataset but declares it for Python < 3.9
+        # only (tensorflow/datasets#11212): without it every `--data tfds:NAME` failed.
+        "importlib_resources",
         "sentencepiece>=0.2,<1",
         "sacrebleu>=2.4,<3",
         "tensorboard~=2.21.0",

@@ -181,3 +181,32 @@ def test_validation_and_test_files_named_the_other_way_round_are_refused(toy_cor
     source.check_directions(["train"])
     # Not when the source is opened: a run made before the check still resumes.
     FileSource({"train": files["train"], split: files["val"][::-1]}, "fr", "en")
+
+
+def test_a_tfds_dataset_is_prepared_for_real(tmp_path):
+    # tensorflow-datasets 4.9.10 imports importlib_resources while preparing a dataset but
+    # declares it for Python < 3.9 only (tensorflow/datasets#11212): every real
+    # `--data tfds:NAME` failed with "No module named 'importlib_resources'"; the mocked
+    # tests above never prepare anything.
+    import tensorflow_datasets as tfds
+
+    class KtToyTranslation(tfds.core.GeneratorBasedBuilder):
+        VERSION = tfds.core.Version("1.0.0")
+
+        def _info(self):
+            return self.dataset_info_from_configs(
+                features=tfds.features.Translation(languages=("en", "fr")),
+                supervised_keys=("fr", "en"))
+
+        def _split_generators(self, dl_manager):
+            return {"train": self._generate_examples(6),
+                    "validation": self._generate_examples(3)}
+
+        def _generate_examples(self, count):
+            for i in range(count):
+                yield i, {"en": f"the dog {i}", "fr": f"le chien {i}"}
+
+    source = open_source("tfds:kt_toy_translation", tfds_dir=tmp_path)
+    assert (source.source_lang, source.target_lang) == ("fr", "en")
+    assert sorted(source.pairs("validation")) == [(f"le chien {i}", f"the dog {i}")
+                                                   for i in range(3)]
