@@ -138,7 +138,7 @@ class BleuCallback(keras.callbacks.Callback):
         step = self.batch_size or max(len(self.sources), 1)
         progress = (
             keras.utils.Progbar(len(self.sources), unit_name="sentence")
-            if self.verbose else None
+            if self.verbose == 1 else None
         )
         if progress is not None:
             print(f"Validation BLEU: translating {len(self.sources)} sentences", flush=True)

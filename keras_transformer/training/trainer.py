@@ -450,7 +450,8 @@ def check_resumable(config, run_dir):
             f"{run_dir} was trained with a different configuration:\n{lines}\n"
             f"Only {', '.join(RESUMABLE_FIELDS)} may change when resuming or continuing a "
             "run. Use the run's own settings (leave out --preset and --config to continue with "
-            "them), another output directory, or --overwrite to start over."
+            "them), another output directory, or --overwrite to start over (from Python: "
+            "delete the directory)."
         )
 
 
@@ -959,6 +960,7 @@ def _train(config, output_dir, write_dir, strategy, data_dir, local_dir, make_tr
             batch_size=_BLEU_BATCH_SIZE,
             target_lang=config.target_lang,
             initial_epoch=initial_epoch,
+            verbose=verbose,
         )
     # Several workers record the slowest one's epoch times, so that a time budget (and the
     # cooldown and late dropout it plans) decides the same on all of them.
@@ -1023,7 +1025,7 @@ def _nothing_to_train(config, epochs_done, record):
         return None
     if config.epochs <= epochs_done:
         return (f"a finished run of {epochs_done} epoch(s); nothing to train (pass a larger "
-                "--epochs to continue it)")
+                "--epochs, or epochs= from Python, to continue it)")
     if time_budget_reached(record["epoch_seconds"], config.time_budget_minutes):
         return (f"a run of {epochs_done} epoch(s) that its time budget of "
                 f"{config.time_budget_minutes:g} minutes stopped; nothing to train (set a "
@@ -1068,7 +1070,9 @@ def _load_finished_run(config, output_dir, model_path, record):
     source_tokenizer, target_tokenizer = load_tokenizers(model_path.parent / "tokenizer")
     import keras_transformer.layers  # noqa: F401  (registers the layer classes)
 
-    model = keras.saving.load_model(model_path, compile=False, safe_mode=True)
+    # Compiled as the run left it (optimizer state included): a notebook cell run again on
+    # a finished run returns a model that `evaluate`s and `fit`s as the first run's did.
+    model = keras.saving.load_model(model_path, safe_mode=True)
     return TrainingRun(
         model=model,
         source_tokenizer=source_tokenizer,

@@ -231,6 +231,17 @@ def test_run_history_pads_metrics_of_some_epochs(tmp_path):
     assert history["val_bleu"][0] is None and history["val_bleu"][1] is not None
 
 
+@pytest.mark.parametrize("verbose", [0, 1, 2])
+def test_validation_bleu_prints_as_fit_does(verbose, capsys):
+    # `train(verbose=0)` still printed the BLEU progress bar, with `\r` and ANSI codes in a
+    # log file under verbose=2: the bar only at 1, the epoch's line at 1 and 2.
+    translator = ScriptedTranslator([["a dog runs ."] * 3])
+    _tiny_fit([BleuCallback(translator, SOURCES, REFERENCES, verbose=verbose)], epochs=1)
+    out = capsys.readouterr().out
+    assert ("\r" in out or "\x1b" in out) == (verbose == 1)
+    assert ("Epoch 1: val_bleu" in out) == (verbose != 0)
+
+
 def test_epoch_checkpoints_keep_the_last_n(tmp_path):
     model, _ = _tiny_fit([EpochCheckpoints(str(tmp_path), keep=2)], epochs=3)
     files = epoch_checkpoints(tmp_path)

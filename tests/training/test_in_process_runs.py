@@ -64,3 +64,26 @@ def test_a_new_run_from_python_refuses_validation_files_named_the_other_way_roun
     with pytest.raises(ValueError, match="other way round"):
         _train(swapped, tmp_path / "run")
     assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+def test_a_quiet_run_draws_no_bar_and_a_finished_one_returns_a_compiled_model(
+        config, tmp_path, capsys):
+    # Validation BLEU drew its progress bar (`\r`, ANSI codes) whatever `verbose` was; a
+    # notebook cell run again on the finished run returned the model uncompiled, so a
+    # later cell's `run.model.evaluate(...)` failed ("You must call `compile()`").
+    (tmp_path / "val.tsv").write_text("ka lo\tlo ka\nmi nu\tnu mi\n")
+    config = config.replace(data_files={"train": str(tmp_path / "train.tsv"),
+                                        "validation": str(tmp_path / "val.tsv")},
+                            bleu_sentences=2)
+
+    def make_translate_fn(model, source_tokenizer, target_tokenizer):
+        return lambda sentences: list(sentences)
+
+    train(config, tmp_path / "run", make_translate_fn=make_translate_fn,
+          report_padding=False, verbose=2)
+    out = capsys.readouterr().out
+    assert "val_bleu" in out and "\r" not in out and "\x1b" not in out
+    again = train(config, tmp_path / "run", make_translate_fn=make_translate_fn,
+                  report_padding=False, verbose=0)
+    assert "Validation BLEU: translating" not in capsys.readouterr().out
+    assert again.model.compiled and again.model.optimizer is not None
