@@ -421,7 +421,18 @@ def evaluate_translations(hypotheses, references, target_lang=None, normalizatio
     """
     import sacrebleu  # Imported here: translating needs no sacreBLEU.
 
+    check_sentence_list(hypotheses)
+    check_sentence_list(references)
+    from keras_transformer.training.presets import NORMALIZATIONS  # light: no TensorFlow
+
+    if normalization not in NORMALIZATIONS:
+        raise ValueError(f"normalization must be one of {NORMALIZATIONS}, got "
+                         f"normalization={normalization!r}.")
     hypotheses, references = list(hypotheses), list(references)
+    for name, sentences in (("hypotheses", hypotheses), ("references", references)):
+        if any(isinstance(s, dict) for s in sentences):
+            raise TypeError(f"{name} must be strings; for the records of "
+                            "`ExportedTranslator.translate` pass each one's [\"translation\"].")
     if len(hypotheses) != len(references):
         raise ValueError(
             f"Got {len(hypotheses)} hypotheses and {len(references)} references; "

@@ -317,3 +317,15 @@ def test_evaluating_an_export_normalizes_references_with_its_vocabulary_rule(tmp
                         normalization_rule_name="nfkc")  # separate vocabularies
     inference.evaluate_export(tmp_path, ["a"], ["a"])
     assert seen["normalization"] == "nfkc"
+
+
+def test_evaluating_one_string_or_the_translators_records_is_refused():
+    # One string was scored character by character (BLEU 0.0, no error); the records of
+    # `ExportedTranslator.translate` failed inside sacreBLEU; normalization=None failed in
+    # SentencePiece ("no model is specified").
+    with pytest.raises(TypeError, match="list of sentences"):
+        evaluate_translations("the cat", "the cat")
+    with pytest.raises(TypeError, match=r'\["translation"\]'):
+        evaluate_translations([{"translation": "the cat"}], ["the cat"])
+    with pytest.raises(ValueError, match="normalization must be one of"):
+        evaluate_translations(["the cat"], ["the cat"], normalization=None)
