@@ -286,8 +286,11 @@ class TrainingConfig:
         for field in dataclasses.fields(self):  # NumPy numbers as Python's (JSON writes them)
             value = getattr(self, field.name)
             if isinstance(value, numbers.Real) and not isinstance(value, bool):
+                # A NumPy float32 as the number it prints as (0.1, not 0.10000000149...).
                 object.__setattr__(self, field.name, int(value)
-                                   if isinstance(value, numbers.Integral) else float(value))
+                                   if isinstance(value, numbers.Integral)
+                                   else float(str(value)) if type(value).__module__ == "numpy"
+                                   else float(value))
         if self.data_files is not None:
             object.__setattr__(self, "data_files", _normalized_data_files(self.data_files))
         if self.bucket_boundaries is not None:

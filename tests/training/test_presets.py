@@ -146,6 +146,9 @@ def test_numpy_numbers_become_python_numbers():
                                         bucket_boundaries=[np.int64(8), 16])
     assert type(config.batch_size) is int and type(config.lr_scale) is float
     json.dumps(config.to_dict())
+    # A float32 keeps the number it was written as: 0.1, not 0.10000000149011612, which a
+    # later run given a plain 0.1 was refused as a different configuration.
+    assert get_preset("tiny").replace(dropout=np.float32(0.1)).dropout == 0.1
 
 
 @pytest.mark.parametrize("field, value", [
