@@ -399,7 +399,18 @@ class TfdsSource(ParallelSource):
 
         self.name = name
         self.kind = TFDS_PREFIX + name
-        self._builder = tfds.builder(name, data_dir=os.fspath(data_dir) if data_dir else None)
+        try:
+            self._builder = tfds.builder(name, data_dir=os.fspath(data_dir) if data_dir else None)
+        except tfds.core.registered.DatasetNotFoundError as error:
+            # Its message lists the whole catalogue (thousands of lines' worth); keep the
+            # suggestion.
+            suggestion = [line for line in str(error).splitlines()
+                          if line.startswith("Did you mean")]
+            raise ValueError(
+                f"No TFDS dataset named {name.split('/')[0]!r}. {' '.join(suggestion)} The "
+                "catalogue: https://www.tensorflow.org/datasets/catalog (or "
+                "tfds.list_builders())."
+            ) from None
         info = self._builder.info
         keys = list(getattr(info.features, "languages", None) or info.features.keys())
         supervised = tuple(info.supervised_keys or ())

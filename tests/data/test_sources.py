@@ -210,3 +210,13 @@ def test_a_tfds_dataset_is_prepared_for_real(tmp_path):
     assert (source.source_lang, source.target_lang) == ("fr", "en")
     assert sorted(source.pairs("validation")) == [(f"le chien {i}", f"the dog {i}")
                                                    for i in range(3)]
+
+
+def test_a_misspelled_tfds_name_is_refused_in_a_few_lines(tmp_path):
+    # TFDS's error listed its whole catalogue (8,700 characters) into the cell or terminal,
+    # its suggestion at the very end.
+    with pytest.raises(ValueError) as error:
+        open_source("tfds:ted_hrlr_translat/pt_to_en", tfds_dir=tmp_path)
+    message = str(error.value)
+    assert "ted_hrlr_translat" in message and "Did you mean" in message
+    assert "ted_hrlr_translate" in message and len(message) < 600
