@@ -56,7 +56,9 @@ class BleuCallback(keras.callbacks.Callback):
             `translate_fn`; `None` passes all at once. Defaults to `None`.
         verbose: int, `1` shows a progress bar over the sentences while translating
             and prints each score with the best so far and the time it took (decoding
-            hundreds of sentences can take minutes); `0` is silent. Defaults to `1`.
+            hundreds of sentences can take minutes); `2` the same lines without the bar
+            (as `fit`'s one line per epoch: no `\r` or ANSI codes in a log file); `0` is
+            silent. Defaults to `1`.
         target_lang: str or None, the references' language: BLEU is tokenized as it is
             written (`keras_transformer.languages.bleu_tokenizer`; `13a` for None and most
             languages, `zh` for Chinese). Defaults to `None`.
@@ -140,7 +142,7 @@ class BleuCallback(keras.callbacks.Callback):
             keras.utils.Progbar(len(self.sources), unit_name="sentence")
             if self.verbose == 1 else None
         )
-        if progress is not None:
+        if self.verbose:  # a line in a log too; the bar (`\r`, ANSI codes) at 1 only
             print(f"Validation BLEU: translating {len(self.sources)} sentences", flush=True)
         hypotheses = []
         for start in range(0, len(self.sources), step):
