@@ -465,18 +465,21 @@ def evaluate_translations(hypotheses, references, target_lang=None, normalizatio
     return result
 
 
-def _export_normalization(version_dir, record):
-    """The normalization rule of an export's target vocabulary: its SentencePiece model in
-    `assets/` (`target.model` with separate vocabularies, else `tokenizer.model`), else the
-    run's configuration in the record, else `nmt_nfkc` (every vocabulary's before the
-    setting)."""
+def _export_normalization(translator):
+    """The normalization rule of an `ExportedTranslator`'s target vocabulary: its
+    SentencePiece model in `assets/` (`target.model` with separate vocabularies, else
+    `tokenizer.model`), else the run's configuration in its record, else `nmt_nfkc` (every
+    vocabulary's before the setting)."""
+    from keras_transformer.text import MODEL_FILENAME
     from keras_transformer.text.normalization import NORMALIZATION_RULE, model_normalization
+    from keras_transformer.text.tokenizers import TARGET_FILENAME
 
-    assets = pathlib.Path(version_dir) / "assets"
-    for name in ("target.model", "tokenizer.model"):  # TARGET_FILENAME, MODEL_FILENAME
+    assets = translator.path / "assets"
+    for name in (TARGET_FILENAME, MODEL_FILENAME):
         if (assets / name).is_file():
             return model_normalization(assets / name)
-    return (record.get("training_config") or {}).get("normalization", NORMALIZATION_RULE)
+    return (translator.metadata.get("training_config") or {}).get("normalization",
+                                                                  NORMALIZATION_RULE)
 
 
 def evaluate_export(path, sources, references, batch_size=64, signature="translate",
@@ -517,7 +520,7 @@ def evaluate_export(path, sources, references, batch_size=64, signature="transla
     results = translator.translate(sources, batch_size=batch_size, on_batch=on_batch)
     seconds = time.perf_counter() - start
     translations = [r["translation"] for r in results]
-    normalization = _export_normalization(translator.path, read_export_metadata(path))
+    normalization = _export_normalization(translator)  # the version it loaded
     result = evaluate_translations(translations, references, target_lang, normalization)
     result.update(
         seconds=seconds,

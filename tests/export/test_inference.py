@@ -291,6 +291,10 @@ def test_evaluating_an_export_normalizes_references_with_its_vocabulary_rule(tmp
             return [{"translation": s, "truncated": False, "unfinished": False}
                     for s in sentences]
 
+        @property
+        def metadata(self):  # as ExportedTranslator's
+            return inference.read_export_metadata(self.path)
+
     def evaluate(hypotheses, references, target_lang=None, normalization="nmt_nfkc"):
         seen["normalization"] = normalization
         return {}
