@@ -61,8 +61,8 @@ def bleu_tokenizer(language):
     sacreBLEU's default, `13a`, splits words at spaces and punctuation: a Chinese or
     Japanese sentence would be one word, and BLEU about 0 whatever the translation. As WMT
     scores them: Chinese `zh` (for the codes `zh`, `zho`, `chi`, the country code `cn` and
-    the Chinese languages' own codes: `cmn`, `yue`, `lzh`, `wuu`, ...); Japanese (`ja`, `jpn`, `jp`) `ja-mecab` when MeCab and its dictionary are
-    installed, else characters; Thai, Lao, Khmer, Burmese, Tibetan and Dzongkha characters;
+    the Chinese languages' own codes: `cmn`, `yue`, `lzh`, `wuu`, ...); Japanese (`ja`,
+    `jpn`, `jp`) `ja-mecab` when MeCab and its dictionary are installed, else characters; Thai, Lao, Khmer, Burmese, Tibetan and Dzongkha characters;
     every other language `13a`. The BLEU signature printed with a score names the one used.
 
     Example:
