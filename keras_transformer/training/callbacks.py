@@ -320,9 +320,9 @@ class StopTogether(keras.callbacks.Callback):
     A callback of one worker alone setting `model.stop_training` (an `EarlyStopping` on
     `val_bleu`, which only the chief computes and logs) ended that worker's `fit` while
     the others went on into their next epoch's all-reduce: the workers then waited for each
-    other for ever (the chief in the end-of-training barrier). Placed after every other
-    callback, at each epoch's end it makes `stop_training` true on every worker if it is on
-    one (`any_worker`, a collective op every worker runs there). A stop in the middle of an
+    other for ever (the chief in the end-of-training barrier). Placed after every callback
+    that may stop training, at each epoch's end it makes `stop_training` true on every
+    worker if it is on one (`any_worker`, a collective op every worker runs there). A stop in the middle of an
     epoch (`on_train_batch_end`) is not seen: it must be decided alike on every worker.
 
     Args:
@@ -488,7 +488,11 @@ class RunHistory(keras.callbacks.Callback):
     epoch more here than in the backup, which the trainer drops when it resumes.
 
     The file holds `{"history": {name: [value per epoch]}, "epoch_seconds": [...],
-    "train_seconds": sum of epoch_seconds, "epochs": number of epochs}`.
+    "train_seconds": sum of epoch_seconds, "epochs": number of epochs}`, and `"stopped":
+    {"epochs": N, "planned": M}` when a callback ended `fit` (`model.stop_training`, say
+    an `EarlyStopping`) after N of the M epochs it was given: a stop other than the time
+    budget's (`TimeBudget` and `BudgetCooldown` call `budget_stop`), which the run's
+    settings could not tell again when it is run once more.
 
     Args:
         path: string, the JSON file (e.g. `<run>/history.json`).
@@ -519,6 +523,13 @@ class RunHistory(keras.callbacks.Callback):
         self.history = {k: list(v) for k, v in initial.get("history", {}).items()}
         self.epoch_seconds = list(initial.get("epoch_seconds", []))
         self._epoch_started = None
+        self.stopped = None  # this `fit`'s stop, if a callback other than the budget's made it
+        self._budget_stop = False
+
+    def budget_stop(self):
+        """Tells the record that the run's time budget stops `fit` (`TimeBudget`,
+        `BudgetCooldown`): its settings say so again, so no `"stopped"` is recorded."""
+        self._budget_stop = True
 
     @property
     def train_seconds(self):
@@ -552,14 +563,26 @@ class RunHistory(keras.callbacks.Callback):
         os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
         write_json_atomically(self.path, self.record(), indent=2)
 
+    def on_train_end(self, logs=None):
+        # Before the final model's save (`FinalModelSaver` comes later): a process killed
+        # between the two resumes from its backup and finds the stop recorded.
+        epochs, planned = len(self.epoch_seconds), self.params.get("epochs")
+        if (self.model.stop_training and not self._budget_stop and planned
+                and epochs < planned):
+            self.stopped = {"epochs": epochs, "planned": int(planned)}
+            write_json_atomically(self.path, self.record(), indent=2)
+
     def record(self):
         """The dict written to the file."""
-        return {
+        record = {
             "history": self.history,
             "epoch_seconds": self.epoch_seconds,
             "train_seconds": self.train_seconds,
             "epochs": len(self.epoch_seconds),
         }
+        if self.stopped is not None:
+            record["stopped"] = self.stopped
+        return record
 
 
 def read_run_history(path, epochs=None):
@@ -581,6 +604,8 @@ def read_run_history(path, epochs=None):
     if epochs is not None:
         record["history"] = {k: v[:epochs] for k, v in record.get("history", {}).items()}
         record["epoch_seconds"] = record["epoch_seconds"][:epochs]
+        if (record.get("stopped") or {}).get("epochs") != len(record["epoch_seconds"]):
+            record.pop("stopped", None)  # a stop after epochs the resumed state lacks
     record["epochs"] = len(record["epoch_seconds"])
     record["train_seconds"] = float(sum(record["epoch_seconds"]))
     return record
@@ -678,6 +703,7 @@ class TimeBudget(keras.callbacks.Callback):
         seconds = self.run_history.epoch_seconds
         if time_budget_reached(seconds, self.minutes):
             self.model.stop_training = True
+            self.run_history.budget_stop()
             self.stopped_epoch = epoch + 1
             print(f"Time budget: {sum(seconds) / 60:.1f} of {self.minutes:g} minutes used "
                   f"after epoch {epoch + 1}; the next epoch (up to "
@@ -784,6 +810,7 @@ class BudgetCooldown(keras.callbacks.Callback):
         self._plan()
         if epoch + 1 >= self.planned_epochs:
             self.model.stop_training = True
+            self.run_history.budget_stop()
 
 
 def set_dropout_rate(model, rate):
@@ -936,6 +963,7 @@ def make_callbacks(
     resume_epoch=None,
     initial_epoch=None,
     before_backup_delete=None,
+    more_callbacks=None,
 ):
     """The standard callbacks of a run, in the order `fit` must see them.
 
@@ -952,6 +980,10 @@ def make_callbacks(
       installed: TensorFlow 2.21 no longer depends on it);
     - `run_history` (a `RunHistory`), if given, then a `TimeBudget` reading it if
       `time_budget_minutes` is set, and a `BudgetCooldown` if `cooldown_fraction` is too;
+    - `more_callbacks` (a user's own), which see every epoch's logs (`val_bleu` too) and
+      the budget's stop, and end before the final save: what they do when `fit` ends
+      (`EarlyStopping(restore_best_weights=True)` restores the best epoch's weights) is
+      what the final model holds;
     - `FinalModelSaver(final_model_path)`, if given: the trained model, saved when `fit`
       ends, before the backup is deleted (with the record of its epochs, given a
       `run_history`);
@@ -1002,6 +1034,9 @@ def make_callbacks(
         before_backup_delete: callable or `None`, run when training ends, after the final
             model is saved and before the backup is deleted (a cluster's barrier; see
             `AtomicBackupAndRestore`). Defaults to `None`.
+        more_callbacks: list of `keras.callbacks.Callback` or `None`, placed after the
+            run's own callbacks of every epoch, before the final save and the backup.
+            Defaults to `None`.
 
     Returns:
         A list of `keras.callbacks.Callback`.
@@ -1056,6 +1091,7 @@ def make_callbacks(
                 cooldown_schedule, cooldown_fraction, time_budget_minutes, run_history))
     elif cooldown_fraction:
         raise ValueError("`cooldown_fraction` is planned within a `time_budget_minutes`.")
+    callbacks.extend(more_callbacks or ())
     if final_model_path is not None:
         callbacks.append(FinalModelSaver(final_model_path, run_history=run_history))
     callbacks.append(

@@ -765,11 +765,14 @@ def train(
         verbose: Keras `fit` verbosity. Defaults to `"auto"`: the progress bar on a
             terminal, one line per epoch otherwise (no stream of `\r` and ANSI codes in a
             log file).
-        callbacks: list of extra `keras.callbacks.Callback`, run after the run's own.
-            Under several workers, a stop one of them decides at an epoch's end (an
-            `EarlyStopping` on `val_bleu`, the chief's) stops all (`StopTogether`); one
-            decided in the middle of an epoch must be decided alike on every worker.
-            Defaults to `None`.
+        callbacks: list of extra `keras.callbacks.Callback`, run after the run's own
+            callbacks of every epoch and before its final save (`model.keras` holds the
+            weights they leave as `fit` ends). A run they stop before `config.epochs` is
+            finished: called again, it trains nothing until `epochs` is larger than the
+            epochs it was given. Under several workers, a stop one of them decides at an
+            epoch's end (an `EarlyStopping` on `val_bleu`, the chief's) stops all
+            (`StopTogether`); one decided in the middle of an epoch must be decided alike
+            on every worker. Defaults to `None`.
         cluster_timeout_minutes: float or `None`, with a strategy name that resolves to
             `"multi_worker"`: how long this worker waits for the others to connect before
             it exits with status 1 (`None` or 0: no limit; `select_strategy`). Defaults to
@@ -966,6 +969,16 @@ def _train(config, output_dir, write_dir, strategy, data_dir, local_dir, make_tr
     # cooldown and late dropout it plans) decides the same on all of them.
     run_history = RunHistory(write_dir / "history.json", initial=previous,
                              reduce_seconds=slowest_worker(strategy))
+    late_dropout = []
+    if config.late_dropout is not None:
+        late_dropout.append(LateDropout(
+            config.late_dropout, epoch=config.late_dropout_after,
+            min_epochs=config.late_dropout_min_epochs,
+            planned_epochs=lambda done: planned_epochs(config, run_history.epoch_seconds[:done])))
+    # Last of an epoch's: a stop one worker's callbacks decide (the chief's validation
+    # BLEU) stops all.
+    together = [] if task_of(strategy)[0] is None else [StopTogether(
+        lambda stop: max(row[0] for row in gather_from_workers(strategy, [float(stop)])) > 0)]
     run_callbacks = make_callbacks(
         str(write_dir),
         bleu_callback=bleu_callback,
@@ -982,16 +995,9 @@ def _train(config, output_dir, write_dir, strategy, data_dir, local_dir, make_tr
         initial_epoch=initial_epoch,
         # No worker deletes its backup before the chief has saved the final model.
         before_backup_delete=worker_barrier(strategy),
+        # The user's before the final save: what they restore as `fit` ends is saved.
+        more_callbacks=late_dropout + list(callbacks or []) + together,
     )
-    late_dropout = []
-    if config.late_dropout is not None:
-        late_dropout.append(LateDropout(
-            config.late_dropout, epoch=config.late_dropout_after,
-            min_epochs=config.late_dropout_min_epochs,
-            planned_epochs=lambda done: planned_epochs(config, run_history.epoch_seconds[:done])))
-    # Last: a stop one worker's callbacks decide (the chief's validation BLEU) stops all.
-    together = [] if task_of(strategy)[0] is None else [StopTogether(
-        lambda stop: max(row[0] for row in gather_from_workers(strategy, [float(stop)])) > 0)]
     model.fit(
         train_ds,
         validation_data=val_ds,
@@ -999,7 +1005,7 @@ def _train(config, output_dir, write_dir, strategy, data_dir, local_dir, make_tr
         initial_epoch=initial_epoch,
         steps_per_epoch=steps_per_epoch,
         shuffle=False,  # the pipeline shuffles each epoch with its own seed
-        callbacks=run_callbacks + late_dropout + list(callbacks or []) + together,
+        callbacks=run_callbacks,
         # Other workers print one line per epoch: the chief's progress bar is the run's.
         verbose=verbose if chief else 2,
     )
@@ -1035,6 +1041,11 @@ def _nothing_to_train(config, epochs_done, record):
         return (f"a run of {epochs_done} epoch(s) whose learning rate cooled down to zero as "
                 f"its time budget of {config.time_budget_minutes:g} minutes planned; nothing "
                 "to train (set a larger time_budget_minutes to continue it)")
+    stopped = record.get("stopped") or {}
+    if stopped.get("epochs") == epochs_done and config.epochs <= stopped.get("planned", 0):
+        return (f"a run of {epochs_done} of {stopped['planned']} epoch(s) that a callback "
+                "stopped (model.stop_training, say an EarlyStopping); nothing to train (pass "
+                f"epochs larger than {stopped['planned']} to continue it)")
     return None
 
 

@@ -87,3 +87,35 @@ def test_a_quiet_run_draws_no_bar_and_a_finished_one_returns_a_compiled_model(
                   report_padding=False, verbose=0)
     assert "Validation BLEU: translating" not in capsys.readouterr().out
     assert again.model.compiled and again.model.optimizer is not None
+
+
+def test_a_run_a_users_callback_stopped_stays_stopped_and_keeps_what_it_restored(
+        config, tmp_path, capsys):
+    # A run its own EarlyStopping stopped was trained on when the cell ran again (it had
+    # trained fewer than `epochs`), and `restore_best_weights` restored the best epoch's
+    # weights only after model.keras had been saved with the last epoch's.
+    config = config.replace(epochs=4)
+
+    def early_stopping():  # stops after the second epoch, restoring the first's weights
+        return keras.callbacks.EarlyStopping(monitor="loss", mode="max", min_delta=1e9,
+                                             patience=0, restore_best_weights=True)
+
+    run = train(config, tmp_path / "run", callbacks=[early_stopping()],
+                report_padding=False, verbose=0)
+    assert run.epochs_trained == 2
+    saved = keras.saving.load_model(tmp_path / "run" / "model.keras")
+    for a, b in zip(run.model.weights, saved.weights, strict=True):
+        np.testing.assert_array_equal(a.numpy(), b.numpy(), err_msg=a.path)
+    capsys.readouterr()
+
+    again = train(config, tmp_path / "run", callbacks=[early_stopping()],
+                  report_padding=False, verbose=0)
+    out = capsys.readouterr().out
+    assert again.epochs_trained == 0
+    assert "a callback stopped" in out and "nothing to train" in out and "epochs" in out
+    for a, b in zip(run.model.weights, again.model.weights, strict=True):
+        np.testing.assert_array_equal(a.numpy(), b.numpy(), err_msg=a.path)
+
+    # More epochs than it was asked for continue it, from the weights it kept.
+    more = train(config.replace(epochs=5), tmp_path / "run", report_padding=False, verbose=0)
+    assert more.epochs_trained == 3
