@@ -1,8 +1,9 @@
-"""Decoding speed and BLEU of the exported SavedModel on Multi30K test_2016.
+"""Decoding speed and BLEU of the exported SavedModel on a run's own test set.
 
 Exports one trained run three ways (uncached greedy, cached greedy, cached beam 4), loads each
-SavedModel with `tf.saved_model.load` (as a server would), and measures on test_2016:
-throughput in sentences/second (batches of --batch-size), per-sentence latency (batch of one,
+SavedModel with `tf.saved_model.load` (as a server would), and measures on the run's first
+test set (`--split`; test_2016 for the `multi30k` presets, read as `keras-transformer
+evaluate` reads it, BLEU tokenized for the run's target language): throughput in sentences/second (batches of --batch-size), per-sentence latency (batch of one,
 median over --latency-sentences) and cased sacreBLEU. Prints a Markdown table.
 
     .venv/bin/python benchmarks/decode_speed.py --run runs/multi30k
@@ -27,29 +28,38 @@ VARIANTS = (
 )
 
 
-def main():
+def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--run", required=True, help="training run directory")
-    parser.add_argument("--checkpoint", default="best")
+    parser.add_argument("--checkpoint", default="best",
+                        choices=("best", "final", "last", "averaged"))
+    parser.add_argument("--split", default="test",
+                        help="the run's split to translate (default: its first test set)")
+    parser.add_argument("--data-dir", help="raw Multi30K directory (as for `keras-transformer "
+                        "evaluate`)")
+    parser.add_argument("--tfds-dir", help="TFDS data directory of a tfds:NAME run")
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--limit", type=int, default=None, help="first N test sentences")
     parser.add_argument("--latency-sentences", type=int, default=50)
     parser.add_argument("--max-output-length", type=int, default=128)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
 
     import sacrebleu
     import tensorflow as tf
 
-    from keras_transformer.data import load_multi30k
     from keras_transformer.export import DecodingConfig, Translator, export_translator, load_run
+    from keras_transformer.export.run import data_spec, read_split
+    from keras_transformer.languages import bleu_tokenizer
 
-    model, source_tokenizer, target_tokenizer, _ = load_run(args.run, args.checkpoint)
-    sources, references = [], []
-    for example in load_multi30k("test_2016").as_numpy_iterator():
-        sources.append(example["en"].decode())
-        references.append(example["de"].decode())
-    if args.limit:
-        sources, references = sources[: args.limit], references[: args.limit]
+    try:
+        model, source_tokenizer, target_tokenizer, run_config = load_run(args.run,
+                                                                         args.checkpoint)
+        sources, references, description, target_lang = read_split(
+            data_spec(run_config), args.split, local_dir=args.data_dir,
+            tfds_dir=args.tfds_dir, limit=args.limit)
+    except (OSError, ValueError) as error:
+        raise SystemExit(str(error)) from None
+    print(f"{len(sources)} sentences of {description}", flush=True)
 
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -73,14 +83,15 @@ def main():
                 one = time.perf_counter()
                 translate(text=tf.constant([sentence]))
                 latencies.append(time.perf_counter() - one)
-            bleu = sacrebleu.corpus_bleu(hypotheses, [references]).score
+            bleu = sacrebleu.corpus_bleu(hypotheses, [references],
+                                         tokenize=bleu_tokenizer(target_lang)).score
             rows.append((name, len(sources) / seconds, 1000 * statistics.median(latencies), bleu))
             print(f"{name}: {rows[-1][1]:.1f} sent/s, {rows[-1][2]:.0f} ms/sentence, "
                   f"BLEU {bleu:.2f}", flush=True)
 
     baseline = rows[0][1]
     print(f"\n| decoding | sentences/s (batch {args.batch_size}) | speed-up vs uncached greedy "
-          f"| median latency, batch 1 (ms) | BLEU test_2016 |")
+          f"| median latency, batch 1 (ms) | BLEU ({description}) |")
     print("|---|---|---|---|---|")
     for name, rate, latency, bleu in rows:
         print(f"| {name} | {rate:.1f} | {rate / baseline:.1f}x | {latency:.0f} | {bleu:.2f} |")

@@ -5,6 +5,9 @@ batches) under float32 and under `mixed_bfloat16`, each in a fresh subprocess so
 policy is clean. Prints a Markdown table for benchmarks/RESULTS.md.
 
     .venv/bin/python benchmarks/train_throughput.py --preset multi30k --steps 40
+
+`--set` changes the model and its batches, not the data (always Multi30K's English-German
+training pairs) nor the precision (`--precisions`).
 """
 
 import argparse
@@ -16,6 +19,10 @@ import sys
 import tempfile
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+# Fields `--set` may not change: the data measured on is Multi30K's, the precision
+# `--precisions`'s.
+DATA_FIELDS = ("data", "data_files", "source_lang", "target_lang")
 
 
 @contextlib.contextmanager
@@ -63,7 +70,28 @@ def measure(preset, precision, steps, warmup, overrides=(), jit_compile="auto"):
             "jit_compile": model.jit_compile, "overrides": overrides}
 
 
-def main():
+def _check_overrides(preset, items):
+    """Refuses (SystemExit) `--set` items the children would fail on or ignore, before any
+    child starts."""
+    from keras_transformer.training import get_preset, parse_overrides
+
+    try:
+        overrides = parse_overrides(items)
+    except ValueError as error:
+        raise SystemExit(f"--set: {error}") from None
+    data = sorted(set(overrides) & set(DATA_FIELDS))
+    if data:
+        raise SystemExit(f"--set {', '.join(data)}: this benchmark measures the model on "
+                         "Multi30K's English-German training batches, whatever the data.")
+    if "precision" in overrides:
+        raise SystemExit("--set precision: the precisions measured are --precisions'.")
+    try:
+        get_preset(preset).replace(**overrides)
+    except ValueError as error:
+        raise SystemExit(f"--set: {error}") from None
+
+
+def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--preset", default="multi30k")
     parser.add_argument("--steps", type=int, default=40)
@@ -76,12 +104,13 @@ def main():
                         help="model.compile(jit_compile=...): Keras' 'auto' means no XLA on a "
                         "CPU-only machine")
     parser.add_argument("--precision", help="internal: measure one precision in this process")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.precision:
         precision = None if args.precision == "float32" else args.precision
         print("RESULT " + json.dumps(measure(args.preset, precision, args.steps, args.warmup,
                                              args.set, args.jit_compile)))
         return
+    _check_overrides(args.preset, args.set)
     rows = []
     for precision in args.precisions.split(","):
         command = [sys.executable, __file__, "--preset", args.preset, "--steps",
@@ -89,8 +118,12 @@ def main():
                    "--jit-compile", args.jit_compile]
         for item in args.set:
             command += ["--set", item]
-        out = subprocess.run(command, capture_output=True, text=True, check=True).stdout
-        rows.append(json.loads(out.split("RESULT ", 1)[1]))
+        child = subprocess.run(command, capture_output=True, text=True)
+        if child.returncode or "RESULT " not in child.stdout:
+            sys.stderr.write(child.stderr[-4000:])
+            raise SystemExit(f"Measuring {precision} failed (exit status {child.returncode}; "
+                             "its error is above).")
+        rows.append(json.loads(child.stdout.split("RESULT ", 1)[1]))
     print("| preset | overrides | precision | XLA | parameters | steps | real tokens/s (src+tgt) |")
     print("|---|---|---|---|---|---|---|")
     for row in rows:

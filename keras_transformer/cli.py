@@ -636,7 +636,7 @@ def _evaluation_pairs(args, metadata):
         target_lang = (args.target_lang or metadata.get("target_lang")
                        or language_from_path(args.ref))
         return sources, references, f"{args.src} -> {args.ref}", target_lang
-    from keras_transformer.data import open_source
+    from keras_transformer.export.run import read_split
 
     # Languages alone (a `Translator(metadata=...)`) name no data source: read as Multi30K's
     # they scored a model of one's own data on Multi30K.
@@ -651,15 +651,11 @@ def _evaluation_pairs(args, metadata):
     spec = _data_spec(metadata)
     spec["source_lang"] = args.source_lang or spec["source_lang"]
     spec["target_lang"] = args.target_lang or spec["target_lang"]
-    source = open_source(**spec, local_dir=args.data_dir, tfds_dir=args.tfds_dir)
     try:
-        split = source.resolve(args.split or "test")
-        source.check_directions([split])
+        return read_split(spec, args.split or "test", local_dir=args.data_dir,
+                          tfds_dir=args.tfds_dir)
     except ValueError as error:
         raise SystemExit(str(error)) from error
-    pairs = list(source.pairs(split, keep_all=True))
-    return ([s for s, _ in pairs], [t for _, t in pairs],
-            f"{source.describe()} [{split}]", source.target_lang)
 
 
 def cmd_evaluate(args):

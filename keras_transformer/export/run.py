@@ -100,6 +100,41 @@ def data_spec(record):
         ("target_lang", "de"))}
 
 
+def read_split(spec, split="test", local_dir=None, tfds_dir=None, limit=None):
+    """A split of a run's data as `keras-transformer evaluate --split` reads it.
+
+    Every pair is kept (`keep_all`): a sentence too long to train on is still translated
+    and scored. The benchmarks and `choose_on_validation.py` read a run's own test or
+    validation set with it, in the run's direction.
+
+    Args:
+        spec: dict, `data_spec` of a run's config or an export's record.
+        split: str, `"test"` (the source's first test set), `"validation"` or a split's
+            name. Defaults to `"test"`.
+        local_dir: Multi30K's raw-file directory, or None to find it.
+        tfds_dir: TFDS data directory, or None for TFDS' own.
+        limit: int or None, only the first `limit` pairs.
+
+    Returns:
+        `(sources, references, description, target_lang)`: lists of str, a description
+        such as `"files fr->en [news]"`, and the language BLEU is tokenized for.
+
+    Raises:
+        ValueError: the source has no such split, or its files are named the other way
+            round.
+    """
+    import itertools
+
+    from keras_transformer.data import open_source
+
+    source = open_source(**spec, local_dir=local_dir, tfds_dir=tfds_dir)
+    split = source.resolve(split)
+    source.check_directions([split])
+    pairs = list(itertools.islice(source.pairs(split, keep_all=True), limit or None))
+    return ([s for s, _ in pairs], [t for _, t in pairs],
+            f"{source.describe()} [{split}]", source.target_lang)
+
+
 def export_run(run_dir, out, checkpoint="best", decoding=None, version=None,
                dtype_policy="float32"):
     """Exports a training run as `keras-transformer export` does.

@@ -88,7 +88,8 @@ def average_run(run_dir, last=5, output=None):
     Raises:
         FileNotFoundError: when the run has neither a final model nor a last checkpoint,
             or no epoch checkpoints.
-        ValueError: when `last` is not positive.
+        ValueError: when `last` is not positive, or `output` is not a `.keras` file in an
+            existing directory.
 
     Example:
 
@@ -105,6 +106,13 @@ def average_run(run_dir, last=5, output=None):
     run_dir = pathlib.Path(run_dir)
     if last < 1:
         raise ValueError(f"`last` must be >= 1. Received: last={last}")
+    if output is not None:
+        output = pathlib.Path(output)
+        if output.suffix != ".keras" or output.is_dir():
+            raise ValueError(f"The average is a Keras model file: give a path ending in "
+                             f".keras, not {str(output)!r}.")
+        if not output.parent.is_dir():
+            raise ValueError(f"The directory of {str(output)!r} does not exist.")
     found = numbered_epoch_checkpoints(run_dir / "checkpoints")  # (epoch, path)
     if not found:
         raise FileNotFoundError(

@@ -53,6 +53,18 @@ def test_train_throughput_measures_a_preset_with_a_cooldown():
     assert result["tokens_per_second"] > 0 and result["overrides"] == {"lr_cooldown": 0.3}
 
 
+def test_train_throughput_refuses_settings_it_would_not_measure():
+    # Each precision is measured in a child process, whose error was lost behind a bare
+    # CalledProcessError: an unknown field, data settings (it measures Multi30K's batches:
+    # KeyError 'fr') and a precision (its own --precisions: "multiple values").
+    script = _load("train_throughput")
+    for item, message in (("bogus=1", "Unknown TrainingConfig field"),
+                          ("data=files", "Multi30K"), ("source_lang=fr", "Multi30K"),
+                          ("precision=mixed_bfloat16", "--precisions")):
+        with pytest.raises(SystemExit, match=message):
+            script.main(["--preset", "tiny", "--set", item])
+
+
 def test_profile_train_step_sums_op_events_of_the_compute_threads():
     from tensorflow.tsl.profiler.protobuf import xplane_pb2
 
@@ -91,7 +103,8 @@ def test_profile_train_step_prints_the_op_table(capsys):
 
 @pytest.fixture(scope="module")
 def tiny_run(tmp_path_factory):
-    """A tiny trained run (2 epochs, 2 kept checkpoints, averaged) on toy fr-en pairs."""
+    """A tiny trained run (2 epochs, 2 kept checkpoints, averaged) on toy fr-en pairs, with
+    a test set of its own called `news`."""
     from keras_transformer.training import get_preset
     from keras_transformer.training.averaging import average_run
     from keras_transformer.training.trainer import train
@@ -99,12 +112,13 @@ def tiny_run(tmp_path_factory):
 
     tmp_path = tmp_path_factory.mktemp("tiny_run")
     files = {}
-    for name, size, seed in (("train", 64, 0), ("val", 6, 1)):
+    for name, size, seed in (("train", 64, 0), ("val", 6, 1), ("news", 5, 2)):
         pairs = toy_pairs(size, seed)
         files[name] = [str(write_lines(tmp_path / f"{name}.fr", [p[0] for p in pairs])),
                        str(write_lines(tmp_path / f"{name}.en", [p[1] for p in pairs]))]
     config = get_preset("tiny").replace(
-        data="files", data_files={"train": files["train"], "validation": files["val"]},
+        data="files", data_files={"train": files["train"], "validation": files["val"],
+                                  "news": files["news"]},
         source_lang="fr", target_lang="en", vocab_size=290, epochs=2, keep_checkpoints=2,
         bleu_sentences=0)
     train(config, tmp_path / "run", verbose=0, report_padding=False)
@@ -125,7 +139,8 @@ def test_choose_on_validation_compares_checkpoints_alphas_and_stopping(tiny_run,
     assert {row[1] for row in rows} == {"gnmt", "power"}
     assert {row[3] for row in rows} == {"exact", "early"}
     best = max(rows, key=lambda row: float(row[4]))
-    flags = f"--alpha {best[2]} --beam-stopping {best[3]}"
+    # The flags export what was scored: beam 2, not the export's default of 4.
+    flags = f"--alpha {best[2]} --beam-stopping {best[3]} --beam-size 2"
     if best[1] == "power":
         flags += " --length-penalty-form power"
     assert f"chosen on validation: --checkpoint {best[0]} {flags} (" in out
@@ -167,10 +182,82 @@ def test_choose_on_validation_averages_the_last_k_epochs_on_the_side(tiny_run, c
     assert re.search(r"^\| averaged-2 \| 2 \| gnmt \| 0\.6 \| early \| \d+\.\d\d \| \d+ \|$", out,
                      re.M), out
     assert re.search(r"chosen on validation: --checkpoint averaged --alpha 0\.6 "
-                     r"--beam-stopping early \(\d+\.\d\d\), "
+                     r"--beam-stopping early --beam-size 2 \(\d+\.\d\d\), "
                      rf"after `keras-transformer average --model {re.escape(str(tiny_run))} "
                      r"--last 2`", out), out
     assert averaged_file.read_bytes() == before
+
+
+@pytest.mark.slow
+def test_choose_on_validation_checks_every_checkpoint_before_translating(
+        tiny_run, tmp_path, capsys):
+    # Its default (best,averaged) ended in a raw FileNotFoundError after the `best` rows
+    # were computed, on any run not averaged yet; too few epochs kept, a stale average, a
+    # missing run: the same, the rows computed until then lost.
+    script = _load("choose_on_validation")
+    for checkpoints, message in (("final,averaged-3", "kept 2 epoch checkpoint"),
+                                 ("final,best2", "checkpoint must be one of")):
+        with pytest.raises(SystemExit, match=message):
+            script.main([str(tiny_run), "--checkpoints", checkpoints, "--alphas", "0.6",
+                         "--beam-size", "2", "--limit", "2"])
+        assert "validation BLEU" not in capsys.readouterr().out
+    with pytest.raises(SystemExit, match="No final model"):
+        script.main([str(tmp_path / "no_run"), "--checkpoints", "final"])
+    # averaged-K needs the epoch checkpoints, not the final model (`average` falls back to
+    # checkpoints/last.keras, as here: a run killed before its end).
+    import shutil
+
+    copy = tmp_path / "unfinished"
+    shutil.copytree(tiny_run, copy)
+    (copy / "model.keras").unlink()
+    (copy / "model.keras.json").unlink(missing_ok=True)
+    assert len(script._load(str(copy), "averaged-2")[0].get_weights()) > 0
+    stale = tmp_path / "stale"
+    shutil.copytree(tiny_run, stale)
+    (stale / "checkpoints" / "epoch-003.weights.npz").write_bytes(
+        (stale / "checkpoints" / "epoch-002.weights.npz").read_bytes())
+    with pytest.raises(SystemExit, match="averaged"):
+        script.main([str(stale), "--checkpoints", "averaged", "--limit", "2"])
+
+
+@pytest.mark.slow
+def test_choose_on_validation_greedy_scores_each_checkpoint_once_in_its_language(
+        tiny_run, monkeypatch, capsys):
+    # --beam-size 1 decoded the same greedy output once per alpha and stopping rule, then
+    # recommended beam flags; BLEU was sacreBLEU's 13a whatever the language (a Chinese
+    # target scored 0 for every setting, so the "choice" was the first row).
+    script = _load("choose_on_validation")
+    script.main([str(tiny_run), "--checkpoints", "final,last", "--beam-size", "1",
+                 "--alphas", "0.6,1.0", "--beam-stopping", "exact,early", "--limit", "2"])
+    out = capsys.readouterr().out
+    rows = re.findall(r"^\| (final|last) \| greedy \| (\d+\.\d\d) \| \d+ \|$", out, re.M)
+    assert [row[0] for row in rows] == ["final", "last"], out
+    assert re.search(r"chosen on validation: --checkpoint (final|last) --search greedy "
+                     r"\(\d+\.\d\d\)", out), out
+
+    import keras_transformer.export as export
+
+    reference = "我们今天去公园散步吧"
+    monkeypatch.setattr(script, "_validation_pairs",
+                        lambda config, limit, data_dir=None, tfds_dir=None: (
+                            ["a b", "c d"], [reference] * 2, "files fr->zh [validation]", "zh"))
+    monkeypatch.setattr(export, "translate_by_length",
+                        lambda sources, batch_size, translator: ["我们今天去公园散步了"] * 2)
+    script.main([str(tiny_run), "--checkpoints", "final", "--beam-size", "1"])
+    bleu = float(re.search(r"^\| final \| greedy \| (\d+\.\d\d) \|", capsys.readouterr().out,
+                           re.M).group(1))
+    assert bleu > 50.0  # the zh tokenizer; 13a scores 0.00
+
+
+@pytest.mark.slow
+def test_decode_speed_times_the_runs_own_test_set(tiny_run, capsys):
+    # It translated Multi30K's English test_2016 and scored against German whatever the run.
+    _load("decode_speed").main(["--run", str(tiny_run), "--checkpoint", "final", "--limit", "2",
+                                "--latency-sentences", "1", "--max-output-length", "8"])
+    out = capsys.readouterr().out
+    assert "2 sentences of files fr->en [news]" in out, out
+    assert len(re.findall(r"^\| (uncached|cached) [^|]+ \| \d+\.\d \| \d+\.\dx \| \d+ \| "
+                          r"\d+\.\d\d \|$", out, re.M)) == 3, out
 
 
 def test_finished_row_share():
@@ -217,7 +304,10 @@ def test_decode_vs_ctranslate2_side_by_side_with_concurrent_callers(tiny_run):
          "--latency-sentences", "1", "--beam-size", "2", "--threads", "1",
          "--inter-threads", "2", "--callers", "2", "--compare-keep-finished",
          "--compare-jit", "--compare-growing-cache", "--in-place-greedy", "--compare-bf16",
-         "--compare-exact-stopping", "--length-penalty-form", "power"],
+         "--compare-exact-stopping", "--length-penalty-form", "power",
+         # The tiny model's translations never end: both engines stop them at 8 tokens
+         # (ours otherwise at the source's length + 50, CTranslate2 at this bound).
+         "--max-output-length", "8"],
         capture_output=True, text=True, timeout=600,
         # Without a choice of allocator (this process's import of keras_transformer set one):
         # the script times TensorFlow's default allocator, the one TF Serving runs.
@@ -225,6 +315,11 @@ def test_decode_vs_ctranslate2_side_by_side_with_concurrent_callers(tiny_run):
              "PYTHONPATH": str(BENCHMARKS.parent)})
     out = completed.stdout
     assert completed.returncode == 0, completed.stderr[-3000:]
+    # The run's own test set (its first), in its direction: it translated Multi30K's
+    # English test_2016 and scored against German whatever the run was trained on.
+    first = (tiny_run.parent / "news.fr").read_text().splitlines()[0]
+    assert f"first sentence: {first!r}" in out, out
+    assert "3 sentences of files fr->en [news]" in out, out
     assert "1 intra-op thread(s), 2 inter-op, 2 caller(s)" in out, out
     assert "our length penalty: power, alpha 0.6" in out, out
     # TensorFlow's own allocator, or oneDNN's where oneDNN is on by default (AVX-512 VNNI or
@@ -266,6 +361,18 @@ def test_decode_vs_ctranslate2_side_by_side_with_concurrent_callers(tiny_run):
     assert re.search(r"^\| greedy, bfloat16 \+ XLA \| \d+\.\d\dx \| \d+\.\d\dx \| "
                      r"\d+\.\d\dx \|$", out, re.M), out
     assert re.search(r"^\| beam 2 \| \d+\.\d\dx \| \d+\.\d\dx \| \d+\.\d\dx \|$", out, re.M), out
+
+
+def test_decode_vs_ctranslate2_conversion_check_compares_translations_not_only_bleu():
+    # The check passed two engines whose BLEU was equally near zero (a run's own model
+    # scored on another language pair, or a conversion gone wrong): CTranslate2's greedy
+    # translations must be ours.
+    check = _load("decode_vs_ctranslate2").conversion_check
+    same = ["a b", "c d", "e f", "g h"]
+    assert check(same, same, 0.05, 0.06, bleu_tolerance=0.1, min_same=0.9) is None
+    failed = check(same, ["x", "y", "e f", "z"], 0.05, 0.06, bleu_tolerance=0.1, min_same=0.9)
+    assert failed and "1 of 4" in failed and "90%" in failed
+    assert "BLEU" in check(same, same[:3] + ["g"], 30.0, 29.0, bleu_tolerance=0.1, min_same=0.5)
 
 
 def test_decode_vs_ctranslate2_counts_the_translations_an_engine_shares():

@@ -234,3 +234,18 @@ def test_an_average_killed_while_saving_leaves_no_partial_model_behind(run_dir):
     average_run(run_dir, last=2)
     assert not left.exists() and other.exists()
     assert (run_dir / "checkpoints" / "averaged.keras").is_file()
+
+
+def test_an_average_is_written_only_as_a_keras_model_file(run_dir, tmp_path):
+    # `--out avg` failed with "The filename must end in `.weights.h5`", naming a temporary
+    # file; `--out avg.weights.h5` wrote weights alone, which `load_model` cannot read,
+    # and was announced as a Keras model file.
+    (tmp_path / "a_directory").mkdir()
+    for out in ("avg", "avg.weights.h5", "avg.h5", "a_directory"):
+        with pytest.raises(ValueError, match=r"\.keras"):
+            average_run(run_dir, last=2, output=tmp_path / out)
+        assert not list(tmp_path.glob("*avg*"))
+    with pytest.raises(ValueError, match="does not exist"):
+        average_run(run_dir, last=2, output=tmp_path / "missing" / "avg.keras")
+    path, _ = average_run(run_dir, last=2, output=tmp_path / "avg.keras")
+    assert keras.saving.load_model(path, compile=False).count_params() > 0
