@@ -359,12 +359,15 @@ def main(argv=None):
             bf16_model = with_dtype_policy(model, "bfloat16")
         bf16 = variant(bf16_model is not None, "SavedModel, bfloat16", "export_bf16",
                        variant_model=bf16_model)
+        # XLA for one sentence's beam at least (`export --jit --jit-max-rows`).
+        jit_rows = dict(jit_compile=True,
+                        jit_max_rows=max(config.jit_max_rows or 0, args.beam_size))
         jit = variant(args.compare_jit, "SavedModel, XLA (--jit)", "export_jit",
-                      warm_every_batch=True, jit_compile=True)
+                      warm_every_batch=True, **jit_rows)
         bf16_jit = variant(args.compare_jit and bf16_model is not None,
                            "SavedModel, bfloat16 + XLA", "export_bf16_jit",
                            variant_model=bf16_model, warm_every_batch=True, reference=bf16,
-                           jit_compile=True)
+                           **jit_rows)
         theirs = CTranslate2Engine(
             ct2_dir, source_tokenizer.model_path, args.threads, args.beam_size, args.alpha,
             args.max_output_length, config.max_input_length, args.inter_threads)

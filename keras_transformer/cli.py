@@ -379,6 +379,18 @@ def cmd_export(args):
         if not args.jit:
             raise SystemExit("keras-transformer export: --jit-max-rows goes with --jit.")
         given["jit_max_rows"] = args.jit_max_rows or None  # 0: XLA at every batch size
+    # Flags that change a search this export never runs wrote the same SavedModel.
+    if args.growing_cache and args.search != "beam":
+        raise SystemExit(f"keras-transformer export: --growing-cache changes beam search's "
+                         f"cache, which --search {args.search} does not run: leave it out, or "
+                         "export --search beam.")
+    if args.jit and args.jit_max_rows == 0:
+        for flag, set_ in (("--growing-cache", args.growing_cache),
+                           ("--keep-finished", args.keep_finished)):
+            if set_:
+                raise SystemExit(f"keras-transformer export: {flag} changes the regular "
+                                 "search, which --jit --jit-max-rows 0 never runs (XLA at "
+                                 "every batch size): leave one of them out.")
     check_base_dir(args.out, args.version)  # before the model loads
 
     # The settings are checked before the model is loaded, so a bad flag fails at once.
@@ -822,7 +834,8 @@ def build_parser():
     export.add_argument("--extra-length", type=int, default=50,
                         help="a translation ends by source tokens + this (default %(default)s)")
     export.add_argument("--max-output-length", type=int, default=128,
-                        help="target tokens at most, END included (default %(default)s)")
+                        help="target tokens at most, END included (default %(default)s); "
+                        "beam search's buffers have this length: larger is slower")
     export.add_argument("--temperature", type=float, default=1.0,
                         help="--search sample: softmax temperature, > 0 (default 1.0)")
     export.add_argument("--top-k", type=int, default=0,

@@ -292,7 +292,27 @@ def test_export_flags_the_chosen_search_would_ignore_are_refused(tmp_path):
                             ("--beam-stopping", "exact"), ("--length-penalty-form", "power")):
             _refused(base + ["--search", search, flag, value], flag, "--search beam")
     _refused(base + ["--jit-max-rows", "8"], "--jit-max-rows", "--jit")
+    # The cache and finished-sentence flags change beam search's regular (not XLA) search
+    # only: the same SavedModel was written with or without them.
+    for search in ("greedy", "sample", "greedy_uncached"):
+        _refused(base + ["--search", search, "--growing-cache"], "--growing-cache",
+                 "--search beam")
+    for flag in ("--growing-cache", "--keep-finished"):
+        _refused(base + ["--jit", "--jit-max-rows", "0", flag], flag, "--jit-max-rows 0")
     assert not (tmp_path / "export").exists()
+
+
+def test_export_refuses_versions_tf_serving_cannot_number_and_a_file_as_base(tmp_path):
+    # TF Serving reads versions as int64: a larger one was written and then taken as the
+    # latest by translate/evaluate, never by a server. A file as --out failed after the
+    # model had loaded ("[Errno 17] File exists").
+    base = ["export", "--model", str(tmp_path / "run"), "--out", str(tmp_path / "exports")]
+    _refused(base + ["--version", str(2**63)], "int64")
+    (tmp_path / "exports" / str(2**63 - 1)).mkdir(parents=True)
+    _refused(base, "int64")
+    (tmp_path / "a_file").write_text("")
+    _refused(["export", "--model", str(tmp_path / "run"), "--out", str(tmp_path / "a_file")],
+             "a_file", "is a file")
 
 
 def test_evaluate_refuses_files_that_are_not_utf8(tmp_path):

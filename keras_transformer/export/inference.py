@@ -207,7 +207,8 @@ class ExportedTranslator:
         cheap stand-in for tokens) so each batch pads little, translates the buffer batch by
         batch, yields its results in the original order, then reads the next buffer. The
         first translations come out after one buffer, not after the whole input; a
-        sentence's translation does not depend on the others in its batch.
+        sentence's translation does not depend on the others in its batch (except in an
+        export with both `--dtype bfloat16` and `--jit`: export/README.md).
 
         Args:
             sentences: iterable of str or bytes (a file or stdin is read as it goes).

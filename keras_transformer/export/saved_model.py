@@ -15,6 +15,10 @@ from keras_transformer.textfiles import remove_stale_partials
 _STAGING = re.compile(r"\.tmp-\d+-(?P<pid>\d+)$")
 
 
+# TF Serving reads a version directory's name as an int64.
+MAX_VERSION = 2**63 - 1
+
+
 def next_version(base_dir):
     """The next free integer version under `base_dir` (1 when there is none)."""
     base_dir = pathlib.Path(base_dir)
@@ -29,11 +33,18 @@ def check_base_dir(base_dir, version=None):
     since a reader takes `base_dir` itself for the model (`latest_version_dir`); and a
     `version` below 1 or already written (before a model is loaded for nothing).
 
+    A version must also fit TF Serving's int64 version numbers (a larger one would be taken
+    for the latest by `latest_version_dir`, never by a server).
+
     Raises:
-        ValueError: when `base_dir/saved_model.pb` exists, or `version` is below 1.
+        ValueError: when `base_dir` is a file, `base_dir/saved_model.pb` exists, or
+            `version` (or the next free one) is below 1 or past int64.
         FileExistsError: when `base_dir/<version>` exists.
     """
     base_dir = pathlib.Path(base_dir)
+    if base_dir.exists() and not base_dir.is_dir():
+        raise ValueError(f"{base_dir} is a file, not a model's base directory (--out): give a "
+                         "directory, which gets a version subdirectory.")
     if (base_dir / "saved_model.pb").is_file():
         raise ValueError(
             f"{base_dir} is an exported version, not a model's base directory: export to "
@@ -42,9 +53,16 @@ def check_base_dir(base_dir, version=None):
     if version is not None:
         if int(version) < 1:
             raise ValueError(f"version must be a positive integer, got version={version}.")
+        if int(version) > MAX_VERSION:
+            raise ValueError(f"version {version} is past int64 ({MAX_VERSION}), the largest "
+                             "version TF Serving reads.")
         final = base_dir / str(int(version))
         if final.exists():
             raise FileExistsError(f"{final} exists; pass another --version or remove it.")
+    elif next_version(base_dir) > MAX_VERSION:
+        raise ValueError(f"The next version under {base_dir} would be {next_version(base_dir)}, "
+                         f"past int64 ({MAX_VERSION}), the largest version TF Serving reads: "
+                         "remove the directory numbered past it, or pass --version.")
 
 
 def export_translator(translator, base_dir, version=None, metadata=None):
@@ -93,7 +111,15 @@ def export_translator(translator, base_dir, version=None, metadata=None):
             **(metadata or {}),
         }
         (extra / "translator.json").write_text(json.dumps(record, indent=2, default=str))
-        os.replace(staging, final)
+        try:
+            os.replace(staging, final)
+        except OSError as error:
+            if not final.is_dir():
+                raise
+            raise FileExistsError(
+                f"While this export saved, another export wrote {final}; nothing was "
+                "overwritten. Export again for the next version, or pass another --version."
+            ) from error
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return final

@@ -27,6 +27,14 @@ BEAM_STOPPING = ("early", "exact")
 NO_TEXT_PATTERN = r"[\s\p{Z}\p{Cc}\p{Cf}]*"
 
 
+# Largest `max_input_length`, `extra_length` and `max_output_length` (tokens): the graph
+# adds lengths in int32, which larger settings overflowed (every translation empty).
+MAX_DECODING_LENGTH = 2**20
+# Smallest sampling `temperature` and `top_p`: below, float32 overflowed (PAD and START
+# sampled) or underflowed (uniformly random pieces).
+MIN_SAMPLING_SETTING = 1e-6
+
+
 @dataclasses.dataclass
 class DecodingConfig:
     """How a `Translator` decodes; fixed when the SavedModel is exported.
@@ -163,15 +171,29 @@ class DecodingConfig:
                              f"max_input_length={self.max_input_length}.")
         if self.extra_length < 0:
             raise ValueError(f"`extra_length` must be >= 0, got {self.extra_length}.")
+        for name in ("max_input_length", "extra_length", "max_output_length"):
+            if getattr(self, name) > MAX_DECODING_LENGTH:  # int32 sums in the graph
+                raise ValueError(f"`{name}` must be at most {MAX_DECODING_LENGTH:,} tokens, "
+                                 f"got {name}={getattr(self, name)}.")
         if not self.temperature > 0:
             raise ValueError(
                 f"`temperature` must be > 0 (lower is greedier; use search='greedy' for the "
                 f"argmax), got temperature={self.temperature}."
             )
+        if self.temperature < MIN_SAMPLING_SETTING:  # logits / temperature past float32
+            raise ValueError(
+                f"`temperature` must be at least {MIN_SAMPLING_SETTING:g} (use search='greedy' "
+                f"for the argmax), got temperature={self.temperature}."
+            )
         if self.top_k < 0:
             raise ValueError(f"`top_k` must be an int >= 0 (0 = off), got top_k={self.top_k}.")
         if not 0 < self.top_p <= 1:
             raise ValueError(f"`top_p` must be in (0, 1] (1 = off), got top_p={self.top_p}.")
+        if self.top_p < MIN_SAMPLING_SETTING:  # below float32's normal numbers the nucleus
+            raise ValueError(  # comparison failed: uniformly random pieces
+                f"`top_p` must be at least {MIN_SAMPLING_SETTING:g} (use search='greedy' for "
+                f"the most likely piece), got top_p={self.top_p}."
+            )
         sampling = {name: getattr(self, name) for name, off in (
             ("temperature", 1.0), ("top_k", 0), ("top_p", 1.0)) if getattr(self, name) != off}
         if sampling and self.search != "sample":
@@ -196,6 +218,14 @@ class DecodingConfig:
             raise ValueError(
                 f"`jit_max_rows` must be >= 1 (or None: XLA at every batch size), got "
                 f"jit_max_rows={self.jit_max_rows}."
+            )
+        if (self.jit_compile and self.search == "beam" and self.jit_max_rows is not None
+                and self.beam_size > self.jit_max_rows):
+            raise ValueError(
+                f"jit_max_rows={self.jit_max_rows} is below beam_size={self.beam_size}, the "
+                "rows one sentence decodes: beam search would never take the XLA search. "
+                f"Set jit_max_rows to at least {self.beam_size} (export --jit-max-rows), or "
+                "None for every batch size."
             )
 
 

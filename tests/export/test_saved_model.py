@@ -333,6 +333,17 @@ def test_versions_are_numbered_and_never_overwritten(copy_task, tmp_path, monkey
     assert sorted(p.name for p in base.iterdir()) == ["1", "2"]
     assert not list(base.glob(".tmp-*"))
 
+    # Another export took the same version while this one saved: it failed with "[Errno
+    # 39] Directory not empty: '.tmp-3-PID' -> '3'", which said nothing of what happened.
+    def racing_save(obj, export_dir, signatures=None, **kwargs):
+        pathlib.Path(export_dir, "variables").mkdir(parents=True)
+        (base / "3" / "variables").mkdir(parents=True)  # the other export's
+    monkeypatch.setattr(tf.saved_model, "save", racing_save)
+    with pytest.raises(FileExistsError, match="another export wrote .*3.* nothing was overwritten"):
+        export_translator(translator, base)
+    assert sorted(p.name for p in (base / "3").iterdir()) == ["variables"]
+    assert not list(base.glob(".tmp-*"))
+
 
 @pytest.fixture(scope="module")
 def sampling_export(copy_task, tmp_path_factory):

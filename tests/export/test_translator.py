@@ -475,6 +475,16 @@ def test_invalid_sampling_settings_are_refused(settings):
     # Beam settings with another search were ignored silently (the CLI refuses them).
     (dict(search="greedy", beam_size=8, alpha=1.2), "apply to search='beam' only"),
     (dict(search="sample", early_stopping=False), "apply to search='beam' only"),
+    # XLA for at most 4 rows never compiled a beam-8 search (one sentence is 8 rows): the
+    # export needed the server's XLA flag for translate_greedy alone, and nothing said so.
+    (dict(jit_compile=True, beam_size=8), "jit_max_rows=4 is below beam_size=8"),
+    # Past int32 in the graph: every translation "" and unfinished, or a raw Range error.
+    (dict(extra_length=2**31 - 1), "extra_length"), (dict(max_output_length=3 * 10**9),
+                                                      "max_output_length"),
+    (dict(max_input_length=2**21), "max_input_length"),
+    # Past float32: PAD and START sampled (temperature), uniformly random bytes (top_p).
+    (dict(search="sample", temperature=1e-45), "temperature"),
+    (dict(search="sample", top_p=1e-45), "top_p"),
 ])
 def test_decoding_settings_of_the_wrong_type_or_search_are_refused(settings, match):
     from keras_transformer.export import DecodingConfig
@@ -492,6 +502,11 @@ def test_decoding_settings_accept_greedy_as_beam_one_and_numpy_numbers():
     assert type(config.beam_size) is int and type(config.alpha) is float
     # --jit with sampling compiles the export's translate_greedy.
     DecodingConfig(search="sample", jit_compile=True)
+    # Beam 8 under XLA from jit_max_rows=8 (one sentence), or at every batch size.
+    DecodingConfig(beam_size=8, jit_compile=True, jit_max_rows=8)
+    DecodingConfig(beam_size=8, jit_compile=True, jit_max_rows=None)
+    DecodingConfig(beam_size=8)  # jit_max_rows says nothing without jit_compile
+    DecodingConfig(search="sample", temperature=1e-3, top_p=1e-3)
 
 
 def test_unknown_length_penalty_is_refused():

@@ -233,26 +233,35 @@ def test_run_history_pads_metrics_of_some_epochs(tmp_path):
 
 
 def test_run_history_records_a_stop_only_a_callback_of_the_users_made(tmp_path):
-    from keras_transformer.training.callbacks import TimeBudget
+    from keras_transformer.training.callbacks import RecordStop, TimeBudget
 
     class StopAfterTwo(keras.callbacks.Callback):
         def on_epoch_end(self, epoch, logs=None):
             self.model.stop_training = epoch == 1
 
     path = tmp_path / "history.json"
-    _tiny_fit([RunHistory(str(path)), StopAfterTwo()], epochs=5)
+    record = RunHistory(str(path))
+    _tiny_fit([record, StopAfterTwo(), RecordStop(record)], epochs=5)
     assert read_run_history(path)["stopped"] == {"epochs": 2, "planned": 5}
     # A state resumed before the stop does not keep it.
     assert "stopped" not in read_run_history(path, epochs=1)
     assert read_run_history(path, epochs=2)["stopped"] == {"epochs": 2, "planned": 5}
     # The time budget's stop is the run's settings' to tell again; a run's last epoch is
     # no stop.
-    record = RunHistory(str(tmp_path / "budget.json"))
-    _tiny_fit([record, TimeBudget(1e-9, record)], epochs=5)
+    budget = RunHistory(str(tmp_path / "budget.json"))
+    _tiny_fit([budget, TimeBudget(1e-9, budget), RecordStop(budget)], epochs=5)
     assert read_run_history(tmp_path / "budget.json")["epochs"] == 1
     assert "stopped" not in read_run_history(tmp_path / "budget.json")
-    _tiny_fit([RunHistory(str(tmp_path / "last.json")), StopAfterTwo()], epochs=2)
+    last = RunHistory(str(tmp_path / "last.json"))
+    _tiny_fit([last, StopAfterTwo(), RecordStop(last)], epochs=2)
     assert "stopped" not in read_run_history(tmp_path / "last.json")
+    # One record used again by a fit that runs to its end forgets the earlier stop; one
+    # that a budget stopped before does not hide a later stop of the user's.
+    _tiny_fit([record], epochs=3)
+    assert "stopped" not in read_run_history(path)
+    _tiny_fit([budget, StopAfterTwo(), RecordStop(budget)], epochs=5)
+    assert read_run_history(tmp_path / "budget.json")["stopped"] == {"epochs": 3, "planned": 5}
+
 
 @pytest.mark.parametrize("verbose", [0, 1, 2])
 def test_validation_bleu_prints_as_fit_does(verbose, capsys):

@@ -119,3 +119,50 @@ def test_a_run_a_users_callback_stopped_stays_stopped_and_keeps_what_it_restored
     # More epochs than it was asked for continue it, from the weights it kept.
     more = train(config.replace(epochs=5), tmp_path / "run", report_padding=False, verbose=0)
     assert more.epochs_trained == 3
+
+
+def test_a_stop_a_kill_interrupted_stays_a_stop(config, tmp_path, monkeypatch):
+    # The stop was recorded as training ended, after the last epoch's backup: killed in
+    # between, the run resumed and trained on what the user's callback had stopped.
+    from keras_transformer.training.callbacks import RunHistory
+
+    def killed(self, logs=None):
+        raise RuntimeError("killed")
+
+    stop = keras.callbacks.EarlyStopping(monitor="loss", mode="max", min_delta=1e9, patience=0)
+    with monkeypatch.context() as patched:
+        patched.setattr(RunHistory, "on_train_end", killed)
+        with pytest.raises(RuntimeError, match="killed"):
+            _train_with(config.replace(epochs=4), tmp_path / "run", [stop])
+    assert (tmp_path / "run" / "backup").is_dir()
+    again = _train_with(config.replace(epochs=4), tmp_path / "run", [])
+    assert again.epochs_trained == 0
+    assert (tmp_path / "run" / "model.keras").is_file() and not (tmp_path / "run" / "backup").exists()
+
+
+def test_a_users_callback_sees_the_restored_state_when_training_begins(
+        config, tmp_path, monkeypatch):
+    # Placed before the backup (so that what they restore is saved), users' callbacks ran
+    # `on_train_begin` before the backup was restored: a resumed run showed them step 0 and
+    # the initial weights.
+    from keras_transformer.training.callbacks import FinalModelSaver
+
+    def killed(self, logs=None):
+        raise RuntimeError("killed")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(FinalModelSaver, "on_train_end", killed)
+        with pytest.raises(RuntimeError, match="killed"):
+            _train_with(config.replace(epochs=2), tmp_path / "run", [])
+    seen = []
+
+    class Probe(keras.callbacks.Callback):
+        def on_train_begin(self, logs=None):
+            seen.append(int(self.model.optimizer.iterations))
+
+    _train_with(config.replace(epochs=2), tmp_path / "run", [Probe()])
+    assert seen and seen[0] > 0
+
+
+def _train_with(config, directory, callbacks):
+    return train(config, directory, callbacks=callbacks, report_padding=False, verbose=0)
