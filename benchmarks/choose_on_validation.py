@@ -61,7 +61,7 @@ def _validation_pairs(config, limit, data_dir=None, tfds_dir=None):
     try:
         return read_split(data_spec(config), "validation", local_dir=data_dir,
                           tfds_dir=tfds_dir, limit=limit)
-    except ValueError as error:
+    except (OSError, ValueError) as error:
         raise SystemExit(f"The run's validation split cannot be read: {error}") from None
 
 

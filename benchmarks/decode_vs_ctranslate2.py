@@ -27,7 +27,10 @@
    GNMT's `((5 + length) / 6) ** alpha`, so beam translations differ unless
    `--length-penalty-form power` exports ours with CTranslate2's penalty. (Our export also
    bounds a translation at its source's length plus `extra_length`, 50: Multi30K's
-   sentences do not reach it.)
+   sentences do not reach it. A model whose translations do not end, an undertrained one,
+   is stopped there by ours and at `--max-output-length` by CTranslate2, and fails the
+   conversion check: a `--max-output-length` below its sources' length + 50 bounds both
+   alike.)
 
 `--threads 1 --inter-threads 2 --callers 2` times a server's setting on a 2-core machine: two
 batches at once (TF Serving's `num_batch_threads: 2`), one thread each. Both engines get it:
@@ -299,7 +302,7 @@ def _test_set(run_config, args):
     try:
         return read_split(data_spec(run_config), args.split, local_dir=args.data_dir,
                           tfds_dir=args.tfds_dir, limit=args.limit)
-    except ValueError as error:
+    except (OSError, ValueError) as error:
         raise SystemExit(f"The run's {args.split} split cannot be read: {error}") from None
 
 

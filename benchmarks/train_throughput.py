@@ -6,8 +6,8 @@ policy is clean. Prints a Markdown table for benchmarks/RESULTS.md.
 
     .venv/bin/python benchmarks/train_throughput.py --preset multi30k --steps 40
 
-`--set` changes the model and its batches, not the data (always Multi30K's English-German
-training pairs) nor the precision (`--precisions`).
+`--set` changes the model and its batching, not the data (always Multi30K's English-German
+training pairs), the precision (`--precisions`) or subword sampling (not drawn here).
 """
 
 import argparse
@@ -21,8 +21,9 @@ import tempfile
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 # Fields `--set` may not change: the data measured on is Multi30K's, the precision
-# `--precisions`'s.
+# `--precisions`'s, and `preset_model` draws no subword samples.
 DATA_FIELDS = ("data", "data_files", "source_lang", "target_lang")
+UNMEASURED_FIELDS = ("subword_nbest", "subword_alpha")
 
 
 @contextlib.contextmanager
@@ -71,10 +72,14 @@ def measure(preset, precision, steps, warmup, overrides=(), jit_compile="auto"):
 
 
 def _check_overrides(preset, items):
-    """Refuses (SystemExit) `--set` items the children would fail on or ignore, before any
-    child starts."""
+    """Refuses (SystemExit) an unknown preset and `--set` items the children would fail on
+    or ignore, before any child starts."""
     from keras_transformer.training import get_preset, parse_overrides
 
+    try:
+        config = get_preset(preset)
+    except ValueError as error:
+        raise SystemExit(str(error)) from None
     try:
         overrides = parse_overrides(items)
     except ValueError as error:
@@ -85,8 +90,12 @@ def _check_overrides(preset, items):
                          "Multi30K's English-German training batches, whatever the data.")
     if "precision" in overrides:
         raise SystemExit("--set precision: the precisions measured are --precisions'.")
+    unmeasured = sorted(set(overrides) & set(UNMEASURED_FIELDS))
+    if unmeasured:
+        raise SystemExit(f"--set {', '.join(unmeasured)}: this benchmark draws no subword "
+                         "samples (each batch is the best segmentation).")
     try:
-        get_preset(preset).replace(**overrides)
+        config.replace(**overrides)
     except ValueError as error:
         raise SystemExit(f"--set: {error}") from None
 

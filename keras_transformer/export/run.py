@@ -120,13 +120,16 @@ def read_split(spec, split="test", local_dir=None, tfds_dir=None, limit=None):
         such as `"files fr->en [news]"`, and the language BLEU is tokenized for.
 
     Raises:
-        ValueError: the source has no such split, or its files are named the other way
-            round.
+        ValueError: the source has no such split, its files are named the other way round
+            or do not pair up, or `limit` is negative.
+        OSError: a split's file cannot be read (FileNotFoundError when it has moved).
     """
     import itertools
 
     from keras_transformer.data import open_source
 
+    if limit is not None and limit < 0:
+        raise ValueError(f"limit must be >= 0 (or None: every pair), got limit={limit}.")
     source = open_source(**spec, local_dir=local_dir, tfds_dir=tfds_dir)
     split = source.resolve(split)
     source.check_directions([split])

@@ -108,7 +108,10 @@ def average_run(run_dir, last=5, output=None):
         raise ValueError(f"`last` must be >= 1. Received: last={last}")
     if output is not None:
         output = pathlib.Path(output)
-        if output.suffix != ".keras" or output.is_dir():
+        if output.is_dir():
+            raise ValueError(f"{str(output)!r} is a directory: the average is a Keras model "
+                             "file, give a path ending in .keras.")
+        if output.suffix != ".keras":
             raise ValueError(f"The average is a Keras model file: give a path ending in "
                              f".keras, not {str(output)!r}.")
         if not output.parent.is_dir():

@@ -241,6 +241,8 @@ class AtomicBackupAndRestore(keras.callbacks.BackupAndRestore):
         super().__init__(*args, **kwargs)
         self.resume_epoch = resume_epoch
         self.before_delete = before_delete
+        # False once a `BackupRestorer` placed first restores instead.
+        self.restore_at_begin = True
 
     def on_train_end(self, logs=None):
         if self.before_delete is not None:
@@ -248,7 +250,8 @@ class AtomicBackupAndRestore(keras.callbacks.BackupAndRestore):
         super().on_train_end(logs)
 
     def on_train_begin(self, logs=None):
-        self._load_model()
+        if self.restore_at_begin:
+            self._load_model()
 
     def _load_model(self):
         if not self.model.built:
@@ -294,6 +297,25 @@ class AtomicBackupAndRestore(keras.callbacks.BackupAndRestore):
         for other in glob.glob(os.path.join(glob.escape(self.backup_dir), "*.weights.h5")):
             if os.path.basename(other) not in keep:
                 os.remove(other)
+
+
+class BackupRestorer(keras.callbacks.Callback):
+    """Restores an `AtomicBackupAndRestore`'s backup when training begins, placed first, so
+    that every other callback's `on_train_begin` sees the restored weights and step (the
+    backup callback itself comes last, to back up an epoch after everything else has
+    handled it).
+
+    Args:
+        backup: the run's `AtomicBackupAndRestore` (in the same `fit`'s callbacks).
+    """
+
+    def __init__(self, backup):
+        super().__init__()
+        self.backup = backup
+        backup.restore_at_begin = False
+
+    def on_train_begin(self, logs=None):
+        self.backup._load_model()
 
 
 def read_backup_metadata(backup_dir):
@@ -490,9 +512,9 @@ class RunHistory(keras.callbacks.Callback):
     The file holds `{"history": {name: [value per epoch]}, "epoch_seconds": [...],
     "train_seconds": sum of epoch_seconds, "epochs": number of epochs}`, and `"stopped":
     {"epochs": N, "planned": M}` when a callback ended `fit` (`model.stop_training`, say
-    an `EarlyStopping`) after N of the M epochs it was given: a stop other than the time
-    budget's (`TimeBudget` and `BudgetCooldown` call `budget_stop`), which the run's
-    settings could not tell again when it is run once more.
+    an `EarlyStopping`) after N of the M epochs it was given (`RecordStop` writes it): a
+    stop other than the time budget's (`TimeBudget` and `BudgetCooldown` call
+    `budget_stop`), which the run's settings could not tell again when it is run once more.
 
     Args:
         path: string, the JSON file (e.g. `<run>/history.json`).
@@ -531,12 +553,21 @@ class RunHistory(keras.callbacks.Callback):
         `BudgetCooldown`): its settings say so again, so no `"stopped"` is recorded."""
         self._budget_stop = True
 
+    def record_stop(self, planned):
+        """Records that a callback other than the budget's stopped `fit` after the epochs
+        recorded so far, of the `planned` ones it was given (`RecordStop`); nothing if the
+        budget stopped it."""
+        if not self._budget_stop:
+            self.stopped = {"epochs": len(self.epoch_seconds), "planned": int(planned)}
+            write_json_atomically(self.path, self.record(), indent=2)
+
     @property
     def train_seconds(self):
         """float, the training time of all epochs so far, over every process of the run."""
         return float(sum(self.epoch_seconds))
 
     def on_train_begin(self, logs=None):
+        self.stopped, self._budget_stop = None, False  # this `fit`'s own
         # The file may record an epoch the backup lost (killed between the two writes): a
         # run resumed to no further epoch must not keep it.
         if os.path.isfile(self.path) and (
@@ -563,15 +594,6 @@ class RunHistory(keras.callbacks.Callback):
         os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
         write_json_atomically(self.path, self.record(), indent=2)
 
-    def on_train_end(self, logs=None):
-        # Before the final model's save (`FinalModelSaver` comes later): a process killed
-        # between the two resumes from its backup and finds the stop recorded.
-        epochs, planned = len(self.epoch_seconds), self.params.get("epochs")
-        if (self.model.stop_training and not self._budget_stop and planned
-                and epochs < planned):
-            self.stopped = {"epochs": epochs, "planned": int(planned)}
-            write_json_atomically(self.path, self.record(), indent=2)
-
     def record(self):
         """The dict written to the file."""
         record = {
@@ -583,6 +605,28 @@ class RunHistory(keras.callbacks.Callback):
         if self.stopped is not None:
             record["stopped"] = self.stopped
         return record
+
+
+class RecordStop(keras.callbacks.Callback):
+    """Records in the run's `RunHistory` a stop that callbacks decided (`model.stop_training`
+    before the epochs `fit` was given), at the end of the epoch they decided it: placed
+    after every callback that may stop training (`StopTogether` included) and before the
+    backup, so a process killed after the backup of that epoch, before `fit` ended, finds
+    the stop recorded when it resumes, and every worker of a cluster records it with the
+    same backup.
+
+    Args:
+        run_history: the run's `RunHistory`.
+    """
+
+    def __init__(self, run_history):
+        super().__init__()
+        self.run_history = run_history
+
+    def on_epoch_end(self, epoch, logs=None):
+        planned = self.params.get("epochs")
+        if self.model.stop_training and planned and epoch + 1 < planned:
+            self.run_history.record_stop(planned)
 
 
 def read_run_history(path, epochs=None):
@@ -980,15 +1024,18 @@ def make_callbacks(
       installed: TensorFlow 2.21 no longer depends on it);
     - `run_history` (a `RunHistory`), if given, then a `TimeBudget` reading it if
       `time_budget_minutes` is set, and a `BudgetCooldown` if `cooldown_fraction` is too;
-    - `more_callbacks` (a user's own), which see every epoch's logs (`val_bleu` too) and
-      the budget's stop, and end before the final save: what they do when `fit` ends
+    - `more_callbacks` (the trainer's late dropout and multi-worker `StopTogether`, and a
+      user's own), which see every epoch's logs (`val_bleu` too) and the budget's stop,
+      and end before the final save: what they do when `fit` ends
       (`EarlyStopping(restore_best_weights=True)` restores the best epoch's weights) is
-      what the final model holds;
+      what the final model holds; then `RecordStop` (with `run_history`), recording a stop
+      they decided before the epoch's backup;
     - `FinalModelSaver(final_model_path)`, if given: the trained model, saved when `fit`
       ends, before the backup is deleted (with the record of its epochs, given a
       `run_history`);
     - `AtomicBackupAndRestore` under `<output_dir>/backup`, last, so it backs up an epoch
-      only after everything else has handled it. Rerunning the same `fit` call after the
+      only after everything else has handled it; its restore is first (`BackupRestorer`),
+      so every callback's `on_train_begin` sees the restored state. Rerunning the same `fit` call after the
       process was killed restores the weights, the optimizer state (step count, Adam
       moments) and the epoch, and continues from the last completed epoch. The backup is
       deleted when training finishes.
@@ -1092,10 +1139,11 @@ def make_callbacks(
     elif cooldown_fraction:
         raise ValueError("`cooldown_fraction` is planned within a `time_budget_minutes`.")
     callbacks.extend(more_callbacks or ())
+    if run_history is not None:
+        callbacks.append(RecordStop(run_history))
     if final_model_path is not None:
         callbacks.append(FinalModelSaver(final_model_path, run_history=run_history))
-    callbacks.append(
-        AtomicBackupAndRestore(os.path.join(output_dir, "backup"), save_freq=backup_save_freq,
-                               resume_epoch=resume_epoch, before_delete=before_backup_delete)
-    )
-    return callbacks
+    backup = AtomicBackupAndRestore(
+        os.path.join(output_dir, "backup"), save_freq=backup_save_freq,
+        resume_epoch=resume_epoch, before_delete=before_backup_delete)
+    return [BackupRestorer(backup)] + callbacks + [backup]

@@ -905,7 +905,8 @@ def _train(config, output_dir, write_dir, strategy, data_dir, local_dir, make_tr
         fit_epochs = min(config.epochs, initial_epoch)
         if chief:
             print(f"{output_dir} holds {finished}; its final model is saved from its "
-                  "backup.", flush=True)
+                  "backup (its last epoch's weights: weights a callback restored as the "
+                  "interrupted training ended were only in memory).", flush=True)
     if chief:
         # Killed after an epoch's checkpoints, before its backup: that epoch is trained
         # again (or, resumed to fewer epochs, not at all); `average` must not take it.
@@ -1026,7 +1027,8 @@ def _train(config, output_dir, write_dir, strategy, data_dir, local_dir, make_tr
 def _nothing_to_train(config, epochs_done, record):
     """Why a run that trained `epochs_done` epochs (its history `record`, as
     `read_run_history` reads it) has no epoch left to train under `config`, or `None`: its
-    `epochs` reached, its time budget, or the end of its learning-rate cooldown plan."""
+    `epochs` reached, its time budget, the end of its learning-rate cooldown plan, or a
+    callback's stop (`RecordStop`) while `epochs` is not larger than it was then."""
     if not epochs_done:
         return None
     if config.epochs <= epochs_done:

@@ -60,9 +60,12 @@ def test_train_throughput_refuses_settings_it_would_not_measure():
     script = _load("train_throughput")
     for item, message in (("bogus=1", "Unknown TrainingConfig field"),
                           ("data=files", "Multi30K"), ("source_lang=fr", "Multi30K"),
-                          ("precision=mixed_bfloat16", "--precisions")):
+                          ("precision=mixed_bfloat16", "--precisions"),
+                          ("subword_nbest=4", "subword samples")):
         with pytest.raises(SystemExit, match=message):
             script.main(["--preset", "tiny", "--set", item])
+    with pytest.raises(SystemExit, match="^Unknown preset"):
+        script.main(["--preset", "bogus"])
 
 
 def test_profile_train_step_sums_op_events_of_the_compute_threads():

@@ -151,11 +151,14 @@ def test_make_callbacks_layout_and_order(tmp_path):
     callbacks = make_callbacks(str(tmp_path), bleu_callback=bleu, best_monitor="val_bleu",
                                final_model_path=str(tmp_path / "model.keras"), seed=7)
     kinds = [type(c).__name__ for c in callbacks]
-    expected = ["DropoutSeeds", "BleuCallback", "ModelSaver", "ModelSaver"]
+    # The backup restored first (every callback begins from the restored state), saved
+    # last (after everything else has handled the epoch).
+    expected = ["BackupRestorer", "DropoutSeeds", "BleuCallback", "ModelSaver", "ModelSaver"]
     expected += ["TensorBoard"] * TENSORBOARD_INSTALLED
     expected += ["FinalModelSaver", "AtomicBackupAndRestore"]
     assert kinds == expected
-    assert callbacks[3].monitor == "val_bleu" and callbacks[3].mode == "max"
+    assert callbacks[0].backup is callbacks[-1]
+    assert callbacks[4].monitor == "val_bleu" and callbacks[4].mode == "max"
     assert callbacks[-1].backup_dir == str(tmp_path / "backup")
     _tiny_fit(callbacks, epochs=2)
     assert os.path.exists(tmp_path / "model.keras")
