@@ -322,8 +322,8 @@ def cmd_train(args):
     with hold_run_directory(held):
         run = _overwrite_and_train(args, config, output, None if chief else task_id)
     if not run.epochs_trained:
-        print(f"Reusing the finished run in {output} (make run FRESH=1 or --overwrite starts "
-              "over)", flush=True)
+        print(f"Reusing the finished run in {output} (--overwrite starts over; `make run "
+              "FRESH=1` for make's run)", flush=True)
         return
     epochs = len(run.history.get("loss", [])) or config.epochs
     print(f"Trained {epochs} epoch(s) in {run.train_seconds / 60:.1f} min; run directory "
@@ -346,7 +346,9 @@ def cmd_average(args):
     else:  # export reads the run's own file only
         use = ("a Keras model file (`keras.saving.load_model`); `export --checkpoint averaged` "
                f"exports {default} instead")
-    print(f"Averaged {len(used)} checkpoint(s) ({names}) -> {path}; {use}", flush=True)
+    kept = (f" (the run kept {len(used)} of the {args.last} asked for)"
+            if len(used) < args.last else "")
+    print(f"Averaged {len(used)} checkpoint(s){kept} ({names}) -> {path}; {use}", flush=True)
 
 
 def cmd_launch(args):
@@ -624,7 +626,7 @@ def _evaluation_pairs(args, metadata):
             ("--split", args.split), ("--data-dir", args.data_dir),
             ("--tfds-dir", args.tfds_dir)) if value is not None]
         if unused:
-            raise SystemExit(f"{', '.join(unused)} choose(s) a split of the export's data "
+            raise SystemExit(f"{', '.join(unused)}: these pick a split of the export's data "
                              "source, which --src/--ref replace: give one or the other.")
         from keras_transformer.languages import language_from_path
 

@@ -348,7 +348,22 @@ def test_evaluate_refuses_split_options_with_its_own_files(tmp_path):
     base = ["evaluate", "--export", str(tmp_path / "export"), "--src", f("test.fr"),
             "--ref", f("test.en")]
     for extra in (["--split", "news"], ["--data-dir", "x"], ["--tfds-dir", "x"]):
-        _refused(base + extra, extra[0], "--src/--ref")
+        message = _refused(base + extra, extra[0], "--src/--ref")
+        assert "choose(s)" not in message
+
+
+def test_a_run_without_a_test_set_is_told_how_to_evaluate(tmp_path):
+    # `evaluate` without --split on a run trained without --test said "files fr->en has no
+    # split 'test'; it has ['train']", naming a split the user never typed.
+    from keras_transformer.export.run import read_split
+
+    f = _corpus(tmp_path)
+    spec = {"data": "files", "data_files": {"train": [f("train.fr"), f("train.en")]},
+            "source_lang": "fr", "target_lang": "en"}
+    with pytest.raises(ValueError, match=r"no test set.*--split validation.*--src/--ref"):
+        read_split(spec, "test")
+    with pytest.raises(ValueError, match="no split 'news'"):
+        read_split(spec, "news")
 
 
 def test_valid_or_test_files_named_the_other_way_round_are_refused(tmp_path):

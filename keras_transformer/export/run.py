@@ -131,6 +131,10 @@ def read_split(spec, split="test", local_dir=None, tfds_dir=None, limit=None):
     if limit is not None and limit < 0:
         raise ValueError(f"limit must be >= 0 (or None: every pair), got limit={limit}.")
     source = open_source(**spec, local_dir=local_dir, tfds_dir=tfds_dir)
+    if split == "test" and not source.test_sets():
+        raise ValueError(
+            f"{source.describe()} has no test set (a run trained without --test): give "
+            "--split validation, or --src/--ref files to score.")
     split = source.resolve(split)
     source.check_directions([split])
     pairs = list(itertools.islice(source.pairs(split, keep_all=True), limit or None))

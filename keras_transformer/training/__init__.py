@@ -22,6 +22,8 @@ _MODULES = {
     "parse_overrides": "presets",
     "TransformerSchedule": "schedules",
     "select_strategy": "strategy",
+    "TrainingRun": "trainer",
+    "train": "trainer",
 }
 
 

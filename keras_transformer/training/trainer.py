@@ -15,6 +15,7 @@ import hashlib
 import itertools
 import json
 import logging
+import math
 import os
 import pathlib
 import shutil
@@ -45,6 +46,7 @@ from keras_transformer.training.callbacks import (
     drop_epoch_checkpoints_after,
     make_callbacks,
     plan_cooldown,
+    predicted_epoch_seconds,
     read_backup_metadata,
     read_final_model_epochs,
     read_run_history,
@@ -1035,9 +1037,13 @@ def _nothing_to_train(config, epochs_done, record):
         return (f"a finished run of {epochs_done} epoch(s); nothing to train (pass a larger "
                 "--epochs, or epochs= from Python, to continue it)")
     if time_budget_reached(record["epoch_seconds"], config.time_budget_minutes):
+        seconds = record["epoch_seconds"]
+        next_epoch = predicted_epoch_seconds(seconds)
+        needed = math.ceil((sum(seconds) + next_epoch) / 60 * 100) / 100
         return (f"a run of {epochs_done} epoch(s) that its time budget of "
-                f"{config.time_budget_minutes:g} minutes stopped; nothing to train (set a "
-                "larger time_budget_minutes to continue it)")
+                f"{config.time_budget_minutes:g} minutes stopped; nothing to train (its next "
+                f"epoch is predicted to take {next_epoch / 60:.2f} min, as its longest after "
+                f"the first: set time_budget_minutes to at least {needed:g} to continue it)")
     if (config.lr_cooldown and config.time_budget_minutes
             and planned_epochs(config, record["epoch_seconds"]) <= epochs_done):
         return (f"a run of {epochs_done} epoch(s) whose learning rate cooled down to zero as "

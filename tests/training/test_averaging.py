@@ -249,3 +249,15 @@ def test_an_average_is_written_only_as_a_keras_model_file(run_dir, tmp_path):
         average_run(run_dir, last=2, output=tmp_path / "missing" / "avg.keras")
     path, _ = average_run(run_dir, last=2, output=tmp_path / "avg.keras")
     assert keras.saving.load_model(path, compile=False).count_params() > 0
+
+
+def test_average_says_when_the_run_kept_fewer_epochs_than_asked(run_dir, capsys):
+    # `average --last 6` on a run that kept 4 said "Averaged 4 checkpoint(s)" and nothing of
+    # the two missing.
+    from keras_transformer.cli import main
+
+    main(["average", "--model", str(run_dir), "--last", "6"])
+    out = capsys.readouterr().out
+    assert "Averaged 4 checkpoint(s)" in out and "kept 4 of the 6" in out
+    main(["average", "--model", str(run_dir), "--last", "2"])
+    assert "kept" not in capsys.readouterr().out

@@ -227,3 +227,12 @@ def test_a_saved_training_model_loads_after_importing_the_package_only(tmp_path)
     import keras_transformer
 
     assert not {"losses", "metrics", "optimizers", "schedules"} & set(vars(keras_transformer))
+
+
+def test_train_is_importable_from_the_training_package():
+    # The README's Python path: `from keras_transformer.training import train` raised
+    # ImportError (only `keras_transformer.training.trainer` had it).
+    from keras_transformer.training import TrainingRun, train
+    from keras_transformer.training.trainer import TrainingRun as run_class, train as function
+
+    assert train is function and TrainingRun is run_class

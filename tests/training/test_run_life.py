@@ -453,6 +453,18 @@ def test_late_dropout_raises_the_rates_after_its_epochs(tmp_path, multi30k_tfds_
         capsys.readouterr().out)
 
 
+def test_a_budget_too_small_to_continue_says_how_large_it_must_be():
+    # "set a larger time_budget_minutes to continue it", said to a run given a larger
+    # budget that still does not hold its next epoch (predicted from the longest).
+    from keras_transformer.training.trainer import _nothing_to_train
+
+    config = get_preset("tiny").replace(epochs=5, time_budget_minutes=0.15)
+    record = {"epoch_seconds": [7.4], "history": {}}
+    message = _nothing_to_train(config, 1, record)
+    assert "0.12 min" in message and "at least 0.25" in message
+    assert _nothing_to_train(config.replace(time_budget_minutes=0.25), 1, record) is None
+
+
 def test_planned_epochs_follow_the_budget_and_its_cooldown_plan():
     config = get_preset("tiny").replace(epochs=40)
     assert planned_epochs(config, [10.0] * 12) == 40  # no budget: `epochs`
