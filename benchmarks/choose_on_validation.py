@@ -67,13 +67,10 @@ def _validation_pairs(config, limit, data_dir=None, tfds_dir=None):
 
 def main(argv=None):
     args = _parse_args(argv)
-    import sacrebleu
-
     from keras_transformer import export
     from keras_transformer.decoding import LENGTH_PENALTY_FORMS
-    from keras_transformer.export import DecodingConfig, Translator
+    from keras_transformer.export import DecodingConfig, Translator, evaluate_translations
     from keras_transformer.export.translator import BEAM_STOPPING
-    from keras_transformer.languages import bleu_tokenizer
 
     rules = args.beam_stopping.split(",")
     unknown = sorted(set(rules) - set(BEAM_STOPPING))
@@ -105,8 +102,7 @@ def main(argv=None):
                                     DecodingConfig(**search))
             started = time.time()
             hypotheses = export.translate_by_length(sources, args.batch_size, translator)
-            bleu = sacrebleu.corpus_bleu(hypotheses, [references],
-                                         tokenize=bleu_tokenizer(target_lang)).score
+            bleu = evaluate_translations(hypotheses, references, target_lang)["bleu"]
             rows.append((checkpoint, form, alpha, rule, bleu, time.time() - started))
             what = "greedy" if greedy else f"{form} alpha {alpha} {rule} stopping"
             print(f"{checkpoint} {what}: validation BLEU {bleu:.2f} ({len(sources)} "
@@ -145,6 +141,7 @@ def main(argv=None):
 def _check(run_dir, checkpoint):
     """Refuses, in one line, a checkpoint `_load` would not load (SystemExit)."""
     from keras_transformer.export.run import model_path
+    from keras_transformer.training.averaging import averaging_base
     from keras_transformer.training.callbacks import epoch_checkpoints
 
     name, _, last = checkpoint.partition("-")
@@ -159,20 +156,9 @@ def _check(run_dir, checkpoint):
         if len(found) < count:
             raise SystemExit(f"{checkpoint}: the run kept {len(found)} epoch checkpoint(s) "
                              f"(train with --set keep_checkpoints=N for more).")
-        _averaging_base(run_dir)
+        averaging_base(run_dir)
     except (OSError, ValueError) as error:
         raise SystemExit(f"{checkpoint}: {error}") from None
-
-
-def _averaging_base(run_dir):
-    """The model whose weights `averaged-K` replaces: the final one, or the last epoch's
-    of a run without one (killed before its end), as `keras-transformer average` does."""
-    from keras_transformer.export.run import model_path
-
-    try:
-        return model_path(run_dir, "final")
-    except FileNotFoundError:
-        return model_path(run_dir, "last")
 
 
 def _load(run_dir, checkpoint):
@@ -184,13 +170,13 @@ def _load(run_dir, checkpoint):
     name, _, last = checkpoint.partition("-")
     if name != "averaged" or not last:
         return load_run(run_dir, checkpoint)
-    from keras_transformer.training.averaging import average_checkpoints
+    from keras_transformer.training.averaging import average_checkpoints, averaging_base
     from keras_transformer.training.callbacks import epoch_checkpoints
 
     used = epoch_checkpoints(pathlib.Path(run_dir) / "checkpoints")[-int(last):]
     print(f"{checkpoint}: {', '.join(pathlib.Path(p).name for p in used)}", flush=True)
     model, source_tokenizer, target_tokenizer, config = load_run(
-        run_dir, "final" if _averaging_base(run_dir).name == "model.keras" else "last")
+        run_dir, "final" if averaging_base(run_dir).name == "model.keras" else "last")
     model.set_weights(average_checkpoints(used))
     return model, source_tokenizer, target_tokenizer, config
 

@@ -44,12 +44,12 @@ def main(argv=None):
     parser.add_argument("--max-output-length", type=int, default=128)
     args = parser.parse_args(argv)
 
-    import sacrebleu
     import tensorflow as tf
 
-    from keras_transformer.export import DecodingConfig, Translator, export_translator, load_run
+    from keras_transformer.export import (
+        DecodingConfig, Translator, evaluate_translations, export_translator, load_run,
+    )
     from keras_transformer.export.run import data_spec, read_split
-    from keras_transformer.languages import bleu_tokenizer
 
     try:
         model, source_tokenizer, target_tokenizer, run_config = load_run(args.run,
@@ -83,8 +83,7 @@ def main(argv=None):
                 one = time.perf_counter()
                 translate(text=tf.constant([sentence]))
                 latencies.append(time.perf_counter() - one)
-            bleu = sacrebleu.corpus_bleu(hypotheses, [references],
-                                         tokenize=bleu_tokenizer(target_lang)).score
+            bleu = evaluate_translations(hypotheses, references, target_lang)["bleu"]
             rows.append((name, len(sources) / seconds, 1000 * statistics.median(latencies), bleu))
             print(f"{name}: {rows[-1][1]:.1f} sent/s, {rows[-1][2]:.0f} ms/sentence, "
                   f"BLEU {bleu:.2f}", flush=True)

@@ -250,12 +250,9 @@ def _same_as(hypotheses, reference, reference_name):
 
 
 def _bleu(hypotheses, references, target_lang):
-    import sacrebleu
+    from keras_transformer.export import evaluate_translations
 
-    from keras_transformer.languages import bleu_tokenizer
-
-    return sacrebleu.corpus_bleu(hypotheses, [references],
-                                 tokenize=bleu_tokenizer(target_lang)).score
+    return evaluate_translations(hypotheses, references, target_lang)["bleu"]
 
 
 def conversion_check(ours, theirs, our_bleu, their_bleu, bleu_tolerance, min_same):

@@ -71,6 +71,24 @@ def average_checkpoints(paths):
     ]
 
 
+def averaging_base(run_dir):
+    """The model whose weights an average replaces (its architecture): the run's final
+    model, or an unfinished run's last epoch (`checkpoints/last.keras`).
+
+    Raises:
+        FileNotFoundError: when the run has neither.
+    """
+    run_dir = pathlib.Path(run_dir)
+    architecture = next((path for path in (run_dir / "model.keras",
+                                           run_dir / "checkpoints" / "last.keras")
+                         if path.is_file()), None)
+    if architecture is None:
+        raise FileNotFoundError(
+            f"Neither model.keras nor checkpoints/last.keras in {run_dir}: not a run directory "
+            "that trained an epoch.")
+    return architecture
+
+
 def average_run(run_dir, last=5, output=None):
     """Writes the average of a run's last `last` epoch checkpoints as a `.keras` model.
 
@@ -122,14 +140,7 @@ def average_run(run_dir, last=5, output=None):
             f"No epoch checkpoints in {run_dir / 'checkpoints'}: train with "
             "--set keep_checkpoints=N to keep the last N epochs' weights."
         )
-    # The architecture: the final model, or an unfinished run's last epoch.
-    architecture = next((path for path in (run_dir / "model.keras",
-                                           run_dir / "checkpoints" / "last.keras")
-                         if path.is_file()), None)
-    if architecture is None:
-        raise FileNotFoundError(
-            f"Neither model.keras nor checkpoints/last.keras in {run_dir}: not a run directory "
-            "that trained an epoch.")
+    architecture = averaging_base(run_dir)
     chosen = found[-last:]
     # Recorded before averaging: the record names the content the average reads.
     record = average_record(chosen)
@@ -153,4 +164,4 @@ def average_run(run_dir, last=5, output=None):
     return output, chosen
 
 
-__all__ = ["AVERAGED_NAME", "average_checkpoints", "average_run"]
+__all__ = ["AVERAGED_NAME", "average_checkpoints", "average_run", "averaging_base"]
