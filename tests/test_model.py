@@ -21,7 +21,7 @@ def _batch():
     }
 
 
-def test_readme_example_builds_and_counts():
+def test_a_small_model_has_the_closed_form_parameter_count():
     model = build_transformer(vocab_size=1000, d_model=64, num_heads=4, ff_dim=128, num_layers=2)
     assert model.count_params() == closed_form_parameter_count(1000, 64, 128, 2) == 231424
 

@@ -39,7 +39,8 @@ def clone_initializer(initializer, name):
     Sub-layers never share one instance, and a seeded initializer (an int seed or a
     `keras.random.SeedGenerator`) gets a seed derived from its own and from `name`: a copy
     with the same seed would give every projection of the same shape the same values. An
-    unseeded initializer stays unseeded (each call draws fresh values anyway).
+    unseeded initializer stays unseeded: each copy draws its own values (in Keras 3 one
+    unseeded instance repeats its values from call to call).
 
     Args:
         initializer: a `keras.initializers.Initializer`.

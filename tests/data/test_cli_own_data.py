@@ -2,6 +2,7 @@
 the direction comes from the file names, travels in the export, and `evaluate` reads it."""
 
 import json
+import re
 import subprocess
 import sys
 
@@ -45,9 +46,12 @@ def test_train_export_evaluate_french_to_english_from_files(toy_corpus, tmp_path
                cwd=tmp_path)
     assert "Evaluating on files fr->en [toy]" in out
     assert json.loads((tmp_path / "scores.json").read_text())["sentences"] == 12
+    # --src/--ref: the files' sentences, BLEU tokenized for the export's target language.
     out = _cli("evaluate", "--export", "export", "--src", files["val"][0], "--ref",
                files["val"][1], cwd=tmp_path)
-    assert "BLEU" in out
+    assert f"Evaluating on {files['val'][0]} -> {files['val'][1]}" in out, out
+    assert re.search(rf"^{len(toy_corpus['splits']['val'])} sentences in ", out, re.M), out
+    assert re.search(r"^BLEU \(cased, detokenized\): \d+\.\d\d$", out, re.M), out
 
 
 def _train_args(*extra):

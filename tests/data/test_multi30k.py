@@ -27,16 +27,26 @@ def _first_line(path):
         return f.readline().rstrip("\n")
 
 
+def _no_network(*args, **kwargs):
+    pytest.fail("the network was used")
+
+
 @pytest.fixture(scope="module")
 def prepared_dir(tmp_path_factory, local_dir):
+    import tensorflow_datasets as tfds
+
     data_dir = tmp_path_factory.mktemp("tfds")
     builder = Multi30k(config="en-de", data_dir=str(data_dir), local_dir=local_dir)
-    builder.download_and_prepare()
+    # Preparation from the local copy needs neither the network probe nor a download.
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(multi30k, "_network_available", _no_network)
+        patch.setattr(tfds.download.DownloadManager, "download", _no_network)
+        builder.download_and_prepare()
     return data_dir
 
 
 def test_prepares_from_local_copy(prepared_dir, local_dir, monkeypatch):
-    # Preparation is over and must not have needed the network; loading must not either.
+    # Preparation is over and did not need the network (`prepared_dir`); loading must not.
     monkeypatch.setattr(multi30k, "_network_available", lambda: pytest.fail("network used"))
     builder = Multi30k(config="en-de", data_dir=str(prepared_dir))
     splits = builder.info.splits

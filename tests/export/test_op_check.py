@@ -69,9 +69,18 @@ def test_release_comparison_names_the_missing_ops(tmp_path, core_and_text):
     release = TENSORFLOW_OPS[TF_SERVING_VERSION]
     assert len(release) > 1000 and "AddV2" in release and "DisableCopyOnRead" in release
     report = check_export(tmp_path, releases=[TF_SERVING_VERSION], core_and_text=(core, text))
-    assert report.missing_in_release == {TF_SERVING_VERSION: []}
-    # What TF 2.21 added (DecodeJxl) is a difference the comparison must be able to see.
+    assert report.missing_in_release == {TF_SERVING_VERSION: []} and report.ok
+    # What TF 2.21 added (DecodeJxl) is a difference the comparison must be able to see: an
+    # export using it is refused for the 2.20 server, by name.
     assert "DecodeJxl" in core - release
+    newer = tf.Module()
+    newer.f = tf.function(lambda data: tf.raw_ops.DecodeJxl(contents=data),
+                          input_signature=[tf.TensorSpec([], tf.string)])
+    tf.saved_model.save(newer, str(tmp_path / "newer"))
+    report = check_export(tmp_path / "newer", releases=[TF_SERVING_VERSION],
+                          core_and_text=(core, text))
+    assert report.missing_in_release == {TF_SERVING_VERSION: ["DecodeJxl"]}
+    assert not report.ok and report.unknown_ops == []  # a core op, just not in 2.20
 
 
 @pytest.mark.slow

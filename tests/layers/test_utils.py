@@ -63,6 +63,12 @@ def test_a_seeded_initializer_gives_the_same_values_in_another_process():
 def test_clone_of_an_unseeded_initializer_keeps_it_unseeded():
     clone = clone_initializer(keras.initializers.GlorotUniform(), "query")
     assert clone.get_config()["seed"] is None
-    values = [to_numpy(clone((4, 4))) for _ in range(2)]
     assert isinstance(clone, keras.initializers.GlorotUniform)
+    # Each copy draws its own values (sub-layers of one shape are not initialized alike).
+    original = keras.initializers.GlorotUniform()
+    copies = [clone_initializer(original, name) for name in ("query", "key", "query")]
+    values = [to_numpy(initializer((4, 4))) for initializer in [original] + copies]
     assert values[0].shape == (4, 4)
+    for i in range(len(values)):
+        for j in range(i):
+            assert not np.array_equal(values[i], values[j]), (i, j)

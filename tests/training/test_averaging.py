@@ -69,7 +69,9 @@ def test_export_loads_the_averaged_checkpoint(run_dir, monkeypatch):
 
 def test_average_of_one_checkpoint_is_itself(run_dir):
     used = sorted((run_dir / "checkpoints").glob("epoch-*.npz"))[-1:]
-    for a, b in zip(average_checkpoints(used), _stored(used[0])):
+    average, stored = average_checkpoints(used), _stored(used[0])
+    assert len(average) == len(stored) > 0
+    for a, b in zip(average, stored):
         np.testing.assert_array_equal(a, b)
 
 
