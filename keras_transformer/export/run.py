@@ -181,7 +181,9 @@ def export_run(run_dir, out, checkpoint="best", decoding=None, version=None,
     )
     return export_translator(
         translator, out, version=version,
-        metadata={"run_dir": str(run_dir), "checkpoint": used,
-                  "checkpoint_requested": checkpoint, "checkpoint_path": str(path),
+        # Absolute: the record is read from other directories (and other shells).
+        metadata={"run_dir": str(pathlib.Path(run_dir).resolve()), "checkpoint": used,
+                  "checkpoint_requested": checkpoint,
+                  "checkpoint_path": str(pathlib.Path(path).resolve()),
                   "dtype": dtype_policy, "training_config": config, **direction},
     )

@@ -213,9 +213,11 @@ def run_without_best(copy_task, tmp_path):
 
 
 @pytest.mark.slow
-def test_export_says_which_checkpoint_it_exported(run_without_best, tmp_path, capsys):
+def test_export_says_which_checkpoint_it_exported(run_without_best, tmp_path, capsys,
+                                                  monkeypatch):
     out_dir = tmp_path / "export"
-    cli.main(["export", "--model", str(run_without_best), "--out", str(out_dir), "--search",
+    monkeypatch.chdir(tmp_path)  # the run named relative to the exporting shell
+    cli.main(["export", "--model", "run", "--out", str(out_dir), "--search",
               "greedy", "--checkpoint", "best", "--max-output-length", "16"])
     captured = capsys.readouterr()
     assert "model.keras" in captured.out and "final" in captured.out, captured.out
@@ -223,7 +225,9 @@ def test_export_says_which_checkpoint_it_exported(run_without_best, tmp_path, ca
     metadata = ExportedTranslator(out_dir).metadata
     assert metadata["checkpoint"] == "final", metadata
     assert metadata["checkpoint_requested"] == "best"
-    assert metadata["checkpoint_path"].endswith("model.keras")
+    # Where the model came from, readable from any directory.
+    assert metadata["run_dir"] == str(run_without_best.resolve())
+    assert metadata["checkpoint_path"] == str(run_without_best.resolve() / "model.keras")
 
 
 @pytest.mark.slow
