@@ -501,7 +501,7 @@ class TransformerParts:
         return next_logits, cache
 
     def search_step(self, memory, memory_mask, max_length, fixed_length=False,
-                    cache_layout=None):
+                    cache_layout=None, cache_length=None):
         """`step_function` with the memory as the step's fourth argument.
 
         For the searches' `sentence_cache` (with `drop_finished`, finished sentences leave
@@ -509,6 +509,12 @@ class TransformerParts:
 
         Args:
             memory, memory_mask, max_length, fixed_length: as in `step_function`.
+            cache_length: with `fixed_length`, the fixed cache's positions, an int or an
+                int32 scalar tensor at most `max_length` (XLA needs it known when it
+                compiles, e.g. computed from the source's shape), for a caller that knows
+                the search writes no position past it (its `max_lengths`): the loop reads
+                and reorders that many positions a step instead of `max_length`. Defaults to
+                `None` (`max_length`).
             cache_layout: `None` (the growing or fixed cache) or a
                 `decoding.InPlaceCache`: the self-attention keys/values in its time-major
                 buffers written in place (`max_length` positions, one buffer per block
@@ -532,7 +538,10 @@ class TransformerParts:
         memory_state = self.memory_state(memory, memory_mask)
         weights = self._step_weights()
         table = self._position_table(max_length)  # (T_max, d_model)
-        fixed = max_length if fixed_length else None
+        if cache_length is not None and not fixed_length:
+            raise ValueError("`cache_length` sizes the fixed cache: it needs "
+                             "`fixed_length=True`.")
+        fixed = (max_length if cache_length is None else cache_length) if fixed_length else None
 
         if cache_layout is not None:
             if fixed_length:
@@ -542,7 +551,7 @@ class TransformerParts:
             cache = cache_layout.initial(ops.shape(memory)[0], max_length, shapes,
                                          memory.dtype)
         else:
-            cache = {"self": self._empty_self_cache(memory, fixed or 0)}
+            cache = {"self": self._empty_self_cache(memory, 0 if fixed is None else fixed)}
 
         def next_logits(tokens, cache, index, memory_state):
             positions = ops.slice(table, (ops.cast(index, "int32"), 0),

@@ -336,6 +336,36 @@ def test_in_place_cache_search_equals_the_growing_cache(norm_first, search):
         np.testing.assert_allclose(_np(in_place.scores), _np(grown.scores), rtol=1e-5, atol=1e-5)
 
 
+def test_fixed_cache_of_fewer_positions_searches_as_the_full_one():
+    """`search_step(fixed_length=True, cache_length=n)`: a fixed cache of `n` positions
+    (the searches' bounds within them) gives the search of `max_length` positions; without
+    `fixed_length` it is refused."""
+    import tensorflow as tf
+
+    from keras_transformer import decoding
+
+    model = build_transformer(**TINY)
+    parts = TransformerParts(model)
+    rng = np.random.default_rng(2)
+    source = rng.integers(3, TINY["vocab_size"], size=(3, 6)).astype("int32")
+    memory, memory_mask = parts.encode(source)
+    bounds = tf.constant([4, 9, 9])
+    results = []
+    for cache_length in (None, 9, tf.constant(9)):
+        step, cache, memory_state = parts.search_step(memory, memory_mask, 16,
+                                                      fixed_length=True,
+                                                      cache_length=cache_length)
+        assert cache["self"][0][0].shape[2] == (16 if cache_length is None else 9)
+        results.append(decoding.beam_search(step, cache, 3, 16, beam_size=2,
+                                            sentence_cache=memory_state, max_lengths=bounds))
+    for result in results[1:]:
+        np.testing.assert_array_equal(_np(result.tokens), _np(results[0].tokens))
+        np.testing.assert_allclose(_np(result.scores), _np(results[0].scores), rtol=1e-5,
+                                   atol=1e-5)
+    with pytest.raises(ValueError, match="cache_length.*fixed_length=True"):
+        parts.search_step(memory, memory_mask, 16, cache_length=9)
+
+
 @pytest.mark.parametrize("search", ["greedy", "beam"])
 def test_step_function_refuses_to_drop_finished_sentences(search):
     """`step_function`'s step holds the memory of all B sentences: with rows leaving the

@@ -423,6 +423,40 @@ def test_learned_positions_up_to_the_table_decode_to_the_bound(small_tokenizer, 
     np.testing.assert_array_equal(lengths, [TABLE, TABLE])
 
 
+@pytest.mark.parametrize("search", ["greedy", "beam"])
+def test_xla_search_decodes_every_position_up_to_the_bound(small_tokenizer, search):
+    """Beam search's XLA cache holds as many positions as the batch can decode (the
+    source's padded width + `extra_length`, at most `max_output_length`), not
+    `max_output_length` (greedy's keeps that): a model that never ends writes the last of
+    them, and translates as the default export. (XLA clamps a write past a buffer's end: a
+    cache one position too short would attend a wrong history, not fail.)"""
+    model = tiny_model(small_tokenizer, learned_positions=False, bias=NEVER_END)
+    # LONG_SENTENCE is cut to max_input_length, a multiple of XLA's width multiple (8): its
+    # bound is exactly the cache's positions.
+    settings = dict(search=search, beam_size=2, max_input_length=DECODING["max_input_length"],
+                    extra_length=5, max_output_length=40)
+    sentences = [["ka"], ["bal dor fen"], [LONG_SENTENCE], ["ka", "bal dor fen gim"]]
+    default = tiny_translator(small_tokenizer, model, **settings)
+    jit = tiny_translator(small_tokenizer, model, jit_compile=True, jit_max_rows=None,
+                          **settings)
+    for batch in sentences:
+        text, score, length = outputs(default, batch)
+        np.testing.assert_array_equal(length, expected_bounds_of(small_tokenizer, batch, 5, 40))
+        text_jit, score_jit, length_jit = outputs(jit, batch)
+        assert text_jit == text
+        np.testing.assert_array_equal(length_jit, length)
+        # Absolute: a cache one position short moves LONG_SENTENCE's score by ~6e-3 (its
+        # last step attends itself in the place of the step before), XLA's sums ~1e-5.
+        np.testing.assert_allclose(score_jit, score, rtol=0, atol=1e-3)
+
+
+def expected_bounds_of(tokenizer, sentences, extra_length, max_output_length):
+    """Each sentence's bound: its source pieces + END, plus `extra_length`, at most
+    `max_output_length`."""
+    return np.minimum(source_token_lengths(tokenizer, sentences) + extra_length,
+                      max_output_length)
+
+
 def test_sinusoidal_positions_have_no_table_limit(small_tokenizer):
     model = tiny_model(small_tokenizer, learned_positions=False, bias=NEVER_END)
     translator = tiny_translator(
