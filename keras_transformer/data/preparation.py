@@ -118,7 +118,8 @@ def scan_split(source, split, source_tokenizer, target_tokenizer, max_length, ba
         max_length: int, longest sequence incl. START/END.
         batching: dict of `batch_plan` arguments (`batch_size`, `tokens_per_batch`,
             `bucket_boundaries`, `batch_multiple`) and `drop_remainder`.
-        drop_long: bool, count over-long pairs as dropped (`too_long`). Defaults to `True`.
+        drop_long: bool, count over-long pairs as dropped (`too_long`), else as cut
+            (`truncated`). Defaults to `True`.
         limit: int or None, only the first `limit` kept pairs.
         log: callable taking a str, or None: told the progress every
             `_SCAN_PROGRESS_EVERY` pairs. Defaults to `None`.
@@ -150,15 +151,18 @@ def scan_split(source, split, source_tokenizer, target_tokenizer, max_length, ba
             log(f"Counting the {split} split: {counted:,} pairs so far "
                 f"({time.perf_counter() - started:.0f} s)")
             next_log = (counted // _SCAN_PROGRESS_EVERY + 1) * _SCAN_PROGRESS_EVERY
+        too_long += int(np.sum(chunk > max_length))  # dropped, or cut to max_length
         if drop_long:
             longest = max(longest, int(chunk.max(initial=0)))
-            too_long += int(np.sum(chunk > max_length))
             chunk = chunk[chunk <= max_length]
         histogram += np.bincount(np.minimum(chunk, max_length), minlength=max_length + 1)
     if errors:
         raise errors[0]
-    for _ in range(too_long):
-        report.drop("too_long")
+    if drop_long:
+        for _ in range(too_long):
+            report.drop("too_long")
+    else:
+        report.truncated = too_long
     if report.kept == 0:
         advice = ""
         if too_long:  # every pair the reader kept

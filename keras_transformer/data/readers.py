@@ -68,6 +68,9 @@ class SplitReport:
     dropped: dict = dataclasses.field(default_factory=lambda: dict.fromkeys(DROP_REASONS, 0))
     # Lines repaired and kept, by repair (see `REPAIRS`).
     repaired: dict = dataclasses.field(default_factory=lambda: dict.fromkeys(REPAIRS, 0))
+    # Pairs kept but cut to `max_length` tokens (`drop_long_pairs=False`; counted when the
+    # split is scanned, 0 in a report written before the count existed).
+    truncated: int = 0
 
     def drop(self, reason):
         """Counts one dropped pair (`reason` in `DROP_REASONS`)."""
@@ -84,6 +87,7 @@ class SplitReport:
         return (
             f"{self.read:,} pairs read, {self.kept:,} kept, "
             f"{sum(self.dropped.values()):,} dropped ({dropped or 'none'})"
+            + (f", {self.truncated:,} cut to max_length" if self.truncated else "")
             + (f", lines repaired: {repaired}" if repaired else "")
             + f"  [{self.origin}]"
         )

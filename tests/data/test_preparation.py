@@ -152,6 +152,12 @@ def test_truncation_instead_of_dropping_keeps_every_pair(toy_corpus, toy_tokeniz
     report, _ = scan_split(source, "train", toy_tokenizer, toy_tokenizer, 8,
                            dict(batch_size=8), drop_long=False)
     assert report.kept == 96 and report.dropped["too_long"] == 0
+    # The pairs cut are counted (the `tiny` preset's setting): as many as dropping drops.
+    dropping, _ = scan_split(source, "train", toy_tokenizer, toy_tokenizer, 8,
+                             dict(batch_size=8))
+    assert report.truncated == dropping.dropped["too_long"] > 0
+    assert f"{report.truncated:,} cut to max_length" in str(report)
+    assert "cut to max_length" not in str(dropping)
 
 
 def test_batch_plan_matches_pipeline_defaults():
