@@ -82,8 +82,8 @@ class DecodingConfig:
     # Never produce the UNK piece (CTranslate2's `disable_unk`): it detokenizes to " ⁇ ".
     disable_unk: bool = True
     # Compile the encoder and the search loop with XLA (`jit_compile=True`): fewer, fused
-    # kernels per step, a fixed-size decoder cache (`max_output_length` positions; beam
-    # search's as many as the batch can decode: its source width plus `extra_length`). The
+    # kernels per step, a fixed-size decoder cache (as many positions as the batch can
+    # decode: its source width plus `extra_length`, at most `max_output_length`). The
     # export then needs a server with XLA CPU compilation enabled (TF Serving:
     # `--xla_cpu_compilation_enabled=true`), and each
     # new (batch size, source width rounded up to a multiple of `JIT_WIDTH_MULTIPLE`) pair
@@ -543,14 +543,14 @@ class Translator(tf.Module):
             layout = None
             if not compiled and config.in_place_cache in (search, "all"):
                 layout = decoding.InPlaceCache(ancestry=search == "beam")
-            # XLA's cache has a fixed number of positions, which beam search reorders (copies)
-            # at every step: in its search, as many as this batch can decode (the source's
-            # width, known when XLA compiles, plus `extra_length`), not
-            # `max_output_length`. Beam 4 at batch 1 took 0.83-0.87x the time on the
-            # `multi30k` model; greedy search (no reorder) 1.03-1.04x, so it keeps
-            # `max_output_length` (benchmarks/RESULTS.md, session 49).
+            # XLA's cache has a fixed number of positions, each read at every step (and
+            # copied by beam search's reorder): as many as this batch can decode (the
+            # source's width, known when XLA compiles, plus `extra_length`), not
+            # `max_output_length`. On the `multi30k` model: beam 4 at batch 1 in 0.83-0.87x
+            # the time, greedy at batch 4 in 0.87x, at batch 1 in 1.03-1.04x (same
+            # translations; benchmarks/RESULTS.md, session 49).
             cache_length = None
-            if compiled and search == "beam":
+            if compiled:
                 cache_length = tf.minimum(tf.shape(source_ids)[1] + config.extra_length,
                                           config.max_output_length)
             next_logits, cache, memory_state = parts.search_step(

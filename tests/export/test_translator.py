@@ -425,11 +425,11 @@ def test_learned_positions_up_to_the_table_decode_to_the_bound(small_tokenizer, 
 
 @pytest.mark.parametrize("search", ["greedy", "beam"])
 def test_xla_search_decodes_every_position_up_to_the_bound(small_tokenizer, search):
-    """Beam search's XLA cache holds as many positions as the batch can decode (the
-    source's padded width + `extra_length`, at most `max_output_length`), not
-    `max_output_length` (greedy's keeps that): a model that never ends writes the last of
-    them, and translates as the default export. (XLA clamps a write past a buffer's end: a
-    cache one position too short would attend a wrong history, not fail.)"""
+    """XLA's fixed cache holds as many positions as the batch can decode (the source's
+    padded width + `extra_length`, at most `max_output_length`), not `max_output_length`:
+    a model that never ends writes the last of them, and translates as the default export.
+    (XLA clamps a write past a buffer's end: a cache one position too short would attend a
+    wrong history, not fail.)"""
     model = tiny_model(small_tokenizer, learned_positions=False, bias=NEVER_END)
     # LONG_SENTENCE is cut to max_input_length, a multiple of XLA's width multiple (8): its
     # bound is exactly the cache's positions.
