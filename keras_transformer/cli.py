@@ -851,7 +851,7 @@ def build_parser():
                         "greedy_uncached, only translate_greedy is compiled")
     export.add_argument("--jit-max-rows", type=int, metavar="N",
                         help="with --jit: a batch of more than N rows (sentences x beam "
-                        "size) takes the regular search, faster on large batches (default 4; "
+                        "size) takes the regular search, faster on large batches (default 8; "
                         "0 = XLA at every size)")
     export.add_argument("--allow-unk", action="store_true",
                         help="let the searches produce the UNK piece (never produced by default)")

@@ -95,9 +95,11 @@ class DecodingConfig:
     # times `beam_size` for beam search) takes the regular search instead (finished
     # sentences dropped; beam search's cache in place, greedy's growing): on more rows XLA's
     # fixed-size cache and finished rows cost more than its fused kernels save. Measured on
-    # the reference model, XLA is faster up to 4 rows (greedy batch 4, beam 4 batch 1) and
-    # slower from 8 (benchmarks/RESULTS.md). None: XLA at every batch size.
-    jit_max_rows: int | None = 4
+    # the reference model with the cache sized to the batch (session 49), XLA over the
+    # regular search: greedy 1.48x at batch 1, 1.39x at 4, 1.10x at 8, 1.00x at 16; beam 4
+    # 1.64x at batch 1, 1.49x at 2, 1.11x at 4 (benchmarks/RESULTS.md). Each batch size
+    # compiles once (warm the server up). None: XLA at every batch size.
+    jit_max_rows: int | None = 8
     # Greedy and beam search: a finished sentence leaves the batch (its rows are dropped
     # from the decoder's cache at the end of the step it finished), so it stops costing
     # compute; the results are the same. Not in the XLA-compiled search (static shapes).

@@ -509,9 +509,9 @@ def test_invalid_sampling_settings_are_refused(settings):
     # Beam settings with another search were ignored silently (the CLI refuses them).
     (dict(search="greedy", beam_size=8, alpha=1.2), "apply to search='beam' only"),
     (dict(search="sample", early_stopping=False), "apply to search='beam' only"),
-    # XLA for at most 4 rows never compiled a beam-8 search (one sentence is 8 rows): the
+    # XLA for at most 8 rows never compiled a beam-16 search (one sentence is 16 rows): the
     # export needed the server's XLA flag for translate_greedy alone, and nothing said so.
-    (dict(jit_compile=True, beam_size=8), "jit_max_rows=4 is below beam_size=8"),
+    (dict(jit_compile=True, beam_size=16), "jit_max_rows=8 is below beam_size=16"),
     # Past int32 in the graph: every translation "" and unfinished, or a raw Range error.
     (dict(extra_length=2**31 - 1), "extra_length"), (dict(max_output_length=3 * 10**9),
                                                       "max_output_length"),
@@ -663,7 +663,7 @@ def test_export_cli_sampling_flags_reach_the_translator(small_tokenizer, monkeyp
     assert not cli.build_parser().parse_args(base).allow_unk  # UNK forbidden by default
     assert not config.jit_compile  # XLA only on request: stock servers run without it
     cli.main(base + ["--search", "greedy", "--jit"])
-    assert written["t"].config.jit_compile and written["t"].config.jit_max_rows == 4
+    assert written["t"].config.jit_compile and written["t"].config.jit_max_rows == 8
     cli.main(base + ["--search", "greedy", "--jit", "--jit-max-rows", "0"])
     assert written["t"].config.jit_max_rows is None  # XLA at every batch size
     cli.main(base)  # beam search stops as CTranslate2 does unless asked otherwise
