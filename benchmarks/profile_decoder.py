@@ -206,7 +206,8 @@ def export(args, work_dir, model, source_tokenizer, target_tokenizer):
         searches.append(("greedy_uncached", dict(search="greedy_uncached")))
     for name, settings in searches:
         if args.jit:  # XLA for one sentence's beam at least
-            settings = dict(settings, jit_compile=True, jit_max_rows=max(4, args.beam_size))
+            settings = dict(settings, jit_compile=True,
+                            jit_max_rows=max(DecodingConfig().jit_max_rows, args.beam_size))
         config = DecodingConfig.for_export(
             max_output_length=args.max_output_length,
             extra_length=args.max_output_length,

@@ -541,6 +541,10 @@ class TransformerParts:
         if cache_length is not None and not fixed_length:
             raise ValueError("`cache_length` sizes the fixed cache: it needs "
                              "`fixed_length=True`.")
+        if isinstance(cache_length, int) and not 1 <= cache_length <= max_length:
+            # A tensor is the caller's to bound: XLA would clamp a write past the end.
+            raise ValueError(f"`cache_length` must be in [1, max_length={max_length}], got "
+                             f"{cache_length}.")
         fixed = (max_length if cache_length is None else cache_length) if fixed_length else None
 
         if cache_layout is not None:

@@ -25,7 +25,6 @@ def test_bleu_tokenizer_by_target_language():
         assert bleu_tokenizer(language) == "13a"
 
 
-
 @pytest.mark.parametrize("installed, expected", [((), "char"), (("MeCab",), "char"),
                                                  (("MeCab", "ipadic"), "ja-mecab")])
 def test_japanese_is_tokenized_by_mecab_only_with_its_dictionary(monkeypatch, installed,
@@ -36,6 +35,7 @@ def test_japanese_is_tokenized_by_mecab_only_with_its_dictionary(monkeypatch, in
         object() if name in installed else None) if name in ("MeCab", "ipadic")
         else find_spec(name, *args))
     assert bleu_tokenizer("ja") == bleu_tokenizer("jpn") == expected
+
 
 def test_language_from_path_moved_here_and_still_in_sources():
     from keras_transformer.data import sources

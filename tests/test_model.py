@@ -364,6 +364,10 @@ def test_fixed_cache_of_fewer_positions_searches_as_the_full_one():
                                    atol=1e-5)
     with pytest.raises(ValueError, match="cache_length.*fixed_length=True"):
         parts.search_step(memory, memory_mask, 16, cache_length=9)
+    for outside in (0, 17):
+        with pytest.raises(ValueError, match=r"cache_length.*\[1, max_length=16\]"):
+            parts.search_step(memory, memory_mask, 16, fixed_length=True,
+                              cache_length=outside)
 
 
 @pytest.mark.parametrize("search", ["greedy", "beam"])

@@ -71,7 +71,8 @@ class DecodingConfig:
     max_input_length: int = 128
     # A translation may have at most (source tokens + extra_length) tokens ...
     extra_length: int = 50
-    # ... and never more than this; also the static length of the decoder cache.
+    # ... and never more than this (the length of the searches' token buffers; the XLA
+    # search's cache holds at most this many positions).
     max_output_length: int = 128
     # Sampling only: softmax temperature (> 0), top-k (0 = off), nucleus top-p in (0, 1]
     # (1.0 = off). No seed here: `translate` draws a fresh random seed on every call,

@@ -537,8 +537,10 @@ def agree_with_workers(strategy, config, data_report, initial_epoch, write_dir,
         row = [2, 0, 0, 0, initial_epoch, -1]
     else:
         settings = {k: v for k, v in config.to_dict().items() if k != "data_files"}
-        # What each split holds, not where from (the files may sit elsewhere on each machine).
-        data = [{split: {k: v for k, v in counts.items() if k != "origin"}
+        # What each split holds, not where from (the files may sit elsewhere on each machine),
+        # nor how many pairs were cut (a report reused from before that count existed has
+        # none; the cut pairs are in `kept` either way).
+        data = [{split: {k: v for k, v in counts.items() if k not in ("origin", "truncated")}
                  for split, counts in data_report.splits.items()},
                 data_report.batches, sorted(data_report.digests.values())]
         epochs = backup_epochs(read_backup_metadata(pathlib.Path(write_dir) / "backup"))

@@ -66,6 +66,12 @@ def test_workers_with_other_settings_or_data_are_refused(cluster, tmp_path):
     moved.splits["train"]["origin"] = "/elsewhere/train.fr"
     cluster[:] = [(CONFIG, moved, tmp_path)]
     assert trainer.agree_with_workers(None, CONFIG, _report(), 0, tmp_path) == 0
+    # A report counted since the truncation count exists (`truncated`: 0 when pairs are
+    # dropped, the count when cut) agrees with one reused from before, without the field.
+    recounted = _report()
+    recounted.splits["train"]["truncated"] = 0
+    cluster[:] = [(CONFIG, recounted, tmp_path)]
+    assert trainer.agree_with_workers(None, CONFIG, _report(), 0, tmp_path) == 0
 
 
 def test_backups_an_epoch_apart_resume_after_the_earlier_one(cluster, tmp_path):
