@@ -1,6 +1,7 @@
 """What importing one module loads, seen from a fresh process (a test's own process has
-loaded everything already)."""
+loaded everything already); which optional packages look installed."""
 
+import importlib.util
 import subprocess
 import sys
 
@@ -13,3 +14,16 @@ def modules_loaded_by(module, prefixes):
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                             check=True)
     return result.stdout.strip().splitlines()[-1]
+
+
+def pretend_installed(monkeypatch, packages):
+    """Makes `importlib.util.find_spec` answer for `packages` (`{name: installed}`) as if
+    each were installed or not; other names are looked up as usual."""
+    find_spec = importlib.util.find_spec
+
+    def patched(name, *args):
+        if name in packages:
+            return object() if packages[name] else None
+        return find_spec(name, *args)
+
+    monkeypatch.setattr(importlib.util, "find_spec", patched)

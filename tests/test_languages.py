@@ -5,6 +5,7 @@ import importlib.util
 import pytest
 
 from keras_transformer.languages import bleu_tokenizer, language_from_path
+from tests.module_loading import pretend_installed
 
 ZH_REFERENCES = ["一只狗在草地上奔跑。", "两个男人在街上说话。", "一个女孩在读书。", "孩子们在公园里玩耍。"]
 ZH_HYPOTHESES = ["一只狗在草地上奔跑。", "两个男人在街上说话。", "一个女孩在看书。", "孩子们在公园里玩耍。"]
@@ -30,10 +31,7 @@ def test_bleu_tokenizer_by_target_language():
 def test_japanese_is_tokenized_by_mecab_only_with_its_dictionary(monkeypatch, installed,
                                                                  expected):
     # sacreBLEU's ja-mecab needs both; without them it fails when scoring, not here.
-    find_spec = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *args: (
-        object() if name in installed else None) if name in ("MeCab", "ipadic")
-        else find_spec(name, *args))
+    pretend_installed(monkeypatch, {name: name in installed for name in ("MeCab", "ipadic")})
     assert bleu_tokenizer("ja") == bleu_tokenizer("jpn") == expected
 
 

@@ -33,11 +33,11 @@ def source_token_lengths(tokenizer, sentences):
     return ids.row_lengths().numpy()
 
 
-def expected_bounds(tokenizer, sentences):
+def expected_bounds(tokenizer, sentences, extra_length=DECODING["extra_length"],
+                    max_output_length=DECODING["max_output_length"]):
     """The longest output of each sentence: 0 for a sentence without text (END alone)."""
     lengths = source_token_lengths(tokenizer, sentences)
-    return np.where(lengths <= 1, 0, np.minimum(lengths + DECODING["extra_length"],
-                                                DECODING["max_output_length"]))
+    return np.where(lengths <= 1, 0, np.minimum(lengths + extra_length, max_output_length))
 
 
 def outputs(translator, sentences):
@@ -441,20 +441,13 @@ def test_xla_search_decodes_every_position_up_to_the_bound(small_tokenizer, sear
                           **settings)
     for batch in sentences:
         text, score, length = outputs(default, batch)
-        np.testing.assert_array_equal(length, expected_bounds_of(small_tokenizer, batch, 5, 40))
+        np.testing.assert_array_equal(length, expected_bounds(small_tokenizer, batch, 5, 40))
         text_jit, score_jit, length_jit = outputs(jit, batch)
         assert text_jit == text
         np.testing.assert_array_equal(length_jit, length)
         # Absolute: a cache one position short moves LONG_SENTENCE's score by ~6e-3 (its
         # last step attends itself in the place of the step before), XLA's sums ~1e-5.
         np.testing.assert_allclose(score_jit, score, rtol=0, atol=1e-3)
-
-
-def expected_bounds_of(tokenizer, sentences, extra_length, max_output_length):
-    """Each sentence's bound: its source pieces + END, plus `extra_length`, at most
-    `max_output_length`."""
-    return np.minimum(source_token_lengths(tokenizer, sentences) + extra_length,
-                      max_output_length)
 
 
 def test_sinusoidal_positions_have_no_table_limit(small_tokenizer):

@@ -18,6 +18,7 @@ from keras_transformer.training.callbacks import (
     read_run_history,
 )
 from keras_transformer.training.losses import MaskedSparseCategoricalCrossentropy
+from tests.module_loading import pretend_installed
 from tests.training.stand_in import build_stand_in_model
 
 SOURCES = ["ein hund läuft .", "zwei männer sitzen .", "eine frau singt ."]
@@ -171,10 +172,7 @@ def test_make_callbacks_layout_and_order(tmp_path):
 
 def test_tensorboard_required_but_missing_raises(tmp_path, monkeypatch, caplog):
     # The package is installed here (setup.py requires it): it is made to look missing.
-    find_spec = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec",
-                        lambda name, *args: None if name == "tensorboard"
-                        else find_spec(name, *args))
+    pretend_installed(monkeypatch, {"tensorboard": False})
     with pytest.raises(ValueError, match="`tensorboard=True` but the `tensorboard` package"):
         make_callbacks(str(tmp_path), tensorboard=True)
     # Not asked for: a warning, and the run trains without TensorBoard logs.
