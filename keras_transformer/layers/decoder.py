@@ -143,6 +143,10 @@ class Decoder(Encoder):
                 self_caches.append(outputs[-1][0])
         if self._final_norm is not None:
             x = self._final_norm(x)
+        if masking.keras_mask(x) is not None:
+            # The last block's tensor carries the target's Keras mask; the stack's output
+            # has none (`compute_mask`), on this path as on the packed one.
+            x = keras.ops.copy(x)
         results = (x,)
         if return_attention_scores:
             results += (scores,)

@@ -49,6 +49,39 @@ def test_output_carries_no_keras_mask():
     assert decoder.compute_mask(random_array(1, 2, D)) is None
 
 
+@pytest.mark.parametrize("tie_embeddings", [True, False], ids=["tied", "untied"])
+def test_padding_skipped_or_not_a_users_masked_layers_see_the_same_outputs(tie_embeddings):
+    # The stacked path returned its last block's tensor with the target's Keras mask on it,
+    # the packed one (`skip_padding`) a fresh tensor without: the same weights gave a user's
+    # pooling, and Keras losses on an untied model's logits, other results (the mask
+    # applied or not).
+    import keras
+
+    from keras_transformer import build_transformer
+    from keras_transformer.layers.masking import keras_mask
+
+    embedding = PositionalEmbedding(50, D)
+    tokens = np.array([[1, 6, 7, 0, 0, 0], [1, 8, 0, 0, 0, 0]])
+    memory = Encoder(1, H, FF)(embedding(np.array([[3, 4, 5, 0], [3, 0, 0, 0]])))
+    decoder = Decoder(1, H, FF)
+    for skip_padding in (False, True):
+        assert keras_mask(decoder(embedding(tokens), memory, skip_padding=skip_padding)) is None
+
+    model = build_transformer(50, d_model=D, num_heads=H, ff_dim=FF, num_layers=1,
+                              dropout=0.0, tie_embeddings=tie_embeddings)
+    source = np.array([[3, 4, 5, 0], [3, 0, 0, 0]])
+    outputs = {}
+    for skip_padding in (False, True):
+        for name in ("encoder", "decoder"):
+            model.get_layer(name).skip_padding = skip_padding
+        logits = model({"encoder_tokens": source, "decoder_tokens": tokens})
+        assert keras_mask(logits) is None
+        outputs[skip_padding] = keras.ops.convert_to_numpy(logits)[tokens != 0]
+    # The padded positions' values differ between the paths: the mask is the caller's to
+    # apply (a loss's `ignore_class=0` or `sample_weight`), on both.
+    np.testing.assert_allclose(outputs[True], outputs[False], rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize(
     "cached, return_attention_scores",
     [(False, False), (False, True), (True, False), (True, True)],
