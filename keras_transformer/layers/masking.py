@@ -143,6 +143,25 @@ def memory_padding_mask(memory, padding_mask=None):
     return ops.cast(padding_mask, "bool")
 
 
+def check_integer_position(name, value):
+    """Refuses a fractional position: a Python or NumPy float, or a tensor of a float dtype.
+
+    Positions are whole: `int(1.7)` would silently use position 1, and a sinusoid of 1.7 a
+    position between two.
+
+    Args:
+        name: the argument's name, for the message.
+        value: the position (int, NumPy scalar, scalar tensor).
+
+    Raises:
+        TypeError: when `value` is of a floating-point type.
+    """
+    dtype = getattr(value, "dtype", None)
+    if isinstance(value, float) or (dtype is not None and "float" in str(dtype)):
+        raise TypeError(f"`{name}` must be an integer position, got {value!r} "
+                        f"({type(value).__name__}).")
+
+
 def keras_mask(x):
     """The Keras mask carried by `x` (set by a masking layer such as `PositionalEmbedding`)."""
     return None if x is None else _get_keras_mask(x)

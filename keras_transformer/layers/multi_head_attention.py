@@ -363,6 +363,7 @@ def _checked_cache_index(cache, cache_index, length):
     Python, NumPy or eager integer) is checked here; a graph tensor (a `tf.function` or
     `while_loop` step) gets a runtime assertion (which XLA, having none, compiles away).
     """
+    masking.check_integer_position("cache_index", cache_index)
     if len(getattr(cache_index, "shape", ())) != 0:
         raise ValueError(
             "`cache_index` must be one integer for the whole batch (every row decodes the "

@@ -6,6 +6,7 @@ import numbers
 import keras
 from keras import ops
 
+from keras_transformer.layers import masking
 from keras_transformer.layers.packing import PackedRows
 from keras_transformer.layers.utils import check_positive_int, check_rate
 
@@ -163,6 +164,8 @@ class PositionalEmbedding(keras.layers.Layer):
             tokens = tokens * ops.cast(math.sqrt(self.d_model), tokens.dtype)
         if self.learned_positions:
             start = ops.cast(start_index, "int32")
+            if keras.backend.backend() == "tensorflow":
+                start = self._checked_in_table(start, length)
             positions = ops.slice(
                 self.position_embeddings, [start, ops.zeros((), "int32")], [length, self.d_model]
             )
@@ -185,6 +188,7 @@ class PositionalEmbedding(keras.layers.Layer):
                 "float dtype): start the model with keras.Input(shape=(None,), "
                 "dtype=\"int32\"). Float ids would embed but compute no padding mask."
             )
+        masking.check_integer_position("start_index", start_index)
         length = inputs.shape[-1]
         if not isinstance(start_index, numbers.Integral):
             try:  # a NumPy integer reaches `call` as an eager scalar tensor
@@ -194,10 +198,29 @@ class PositionalEmbedding(keras.layers.Layer):
         if (self.learned_positions and length is not None and start_index is not None
                 and start_index + length > self.max_length):
             raise ValueError(
-                f"Positions {start_index} .. {start_index + length - 1} are past the learned "
-                f"position table of {self.name} (max_length={self.max_length}): shorten the "
-                "inputs or build the layer with a larger max_length."
-            )
+                f"Positions {start_index} .. {start_index + length - 1} are "
+                f"{self._past_table_message()}")
+
+    def _past_table_message(self):
+        return (f"past the learned position table of {self.name} "
+                f"(max_length={self.max_length}): shorten the inputs or build the layer with a "
+                "larger max_length.")
+
+    def _checked_in_table(self, start, length):
+        """`start` (int32), with a runtime assertion that `length` positions from it fit the
+        learned table where the length or the start is known only when a graph runs (a
+        `tf.function` of unknown shapes; XLA, having no assertions, compiles it away)."""
+        import tensorflow as tf
+
+        if not tf.inside_function() or (tf.get_static_value(start) is not None
+                                        and isinstance(length, int)):
+            return start  # checked before running (`_check_token_ids`)
+        end = start + tf.cast(length, tf.int32)
+        check = tf.debugging.Assert(end <= self.max_length,
+                                    ["Positions from", start, "to", end - 1, "are",
+                                     self._past_table_message()])
+        with tf.control_dependencies([check]):
+            return tf.identity(start)
 
     def compute_mask(self, inputs, mask=None):
         # Only token ids carry padding; hidden states projected with `reverse=True` do not.

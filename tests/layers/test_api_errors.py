@@ -4,6 +4,7 @@ error deep in a graph nor a silently wrong result."""
 import keras
 import numpy as np
 import pytest
+import tensorflow as tf
 
 from keras_transformer.layers import (
     Decoder,
@@ -83,6 +84,39 @@ def test_learned_positions_past_the_table_are_refused():
     # A NumPy integer start (from an array of offsets) is checked the same way.
     with pytest.raises(ValueError, match="max_length=6"):
         embedding(np.ones((2, 2), "int32"), start_index=np.int64(5))
+
+
+def test_learned_positions_past_the_table_in_a_graph_name_the_table():
+    # Inside a `tf.function` of unknown length the check saw nothing and TensorFlow failed
+    # with "Expected size[0] in [0, 6], but got 7 [[node positional_embedding/Slice]]".
+    embedding = PositionalEmbedding(100, 8, learned_positions=True, max_length=6)
+    embed = tf.function(lambda ids, start: embedding(ids, start_index=start),
+                        input_signature=[tf.TensorSpec([None, None], tf.int32),
+                                         tf.TensorSpec([], tf.int32)])
+    assert embed(tf.ones((2, 6), tf.int32), tf.constant(0)).shape == (2, 6, 8)
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"past the learned position "
+                       r"table of positional_embedding\w*.*max_length=6"):
+        embed(tf.ones((2, 7), tf.int32), tf.constant(0))
+    with pytest.raises(tf.errors.InvalidArgumentError, match="max_length=6"):
+        embed(tf.ones((2, 2), tf.int32), tf.constant(5))
+
+
+@pytest.mark.parametrize("value", [1.7, np.float32(1.0), tf.constant(1.0)],
+                         ids=["python", "numpy", "tensor"])
+def test_fractional_positions_are_refused_naming_the_argument(value):
+    # `cache_index=1.7` was cut to 1 by `int()`, `start_index=1.7` embedded the sinusoids
+    # of a position between two.
+    decoder = Decoder(num_layers=1, num_heads=2, ff_dim=16)
+    embedding = PositionalEmbedding(50, 8)
+    memory = keras.random.normal((2, 4, 8))
+    tokens = np.array([[1, 8], [1, 9]])
+    decoder(embedding(tokens), memory)
+    cache = decoder.initialize_cache(memory, max_length=3)
+    with pytest.raises(TypeError, match=r"`start_index` must be an integer position"):
+        embedding(tokens[:, 1:], start_index=value)
+    with pytest.raises(TypeError, match=r"`cache_index` must be an integer position"):
+        decoder(embedding(tokens[:, :1]), None, cache=cache, cache_index=value)
+    _, cache = decoder(embedding(tokens[:, :1]), None, cache=cache, cache_index=np.int64(0))
 
 
 def test_searches_past_a_learned_position_table_are_refused():
