@@ -63,22 +63,6 @@ def _parse_overrides(pairs):
         raise SystemExit(str(error)) from None
 
 
-def _make_translate_fn(search, beam_size, alpha, max_output_length):
-    """A factory for the trainer's validation BLEU: translates with the in-graph Translator."""
-
-    def make(model, source_tokenizer, target_tokenizer):
-        from keras_transformer.export import DecodingConfig, Translator
-
-        beam = dict(beam_size=beam_size, alpha=alpha) if search == "beam" else {}
-        translator = Translator(
-            model, source_tokenizer, target_tokenizer,
-            DecodingConfig(search=search, max_output_length=max_output_length, **beam),
-        )
-        return translator
-
-    return make
-
-
 def _split_files(paths, flag):
     """`[SRC, TGT]` -> two absolute paths (parallel files); `[TSV]` -> one (TSV)."""
     if len(paths) not in (1, 2):
@@ -292,16 +276,13 @@ def _overwrite_and_train(args, config, output, worker_index):
     except ConfigMismatchError as error:
         raise SystemExit(str(error))
 
-    search = "beam" if config.beam_size > 1 else "greedy"
-    return train(
+    return train(  # validation BLEU: `validation_translator(config)`, train's default
         config,
         output,
         data_dir=args.tfds_dir,
         local_dir=args.data_dir,
         strategy=args.strategy,
         cluster_timeout_minutes=args.cluster_timeout,
-        make_translate_fn=_make_translate_fn(search, config.beam_size, config.length_penalty,
-                                             config.max_length + 16),
     )
 
 

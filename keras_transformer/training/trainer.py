@@ -718,7 +718,7 @@ def train(
     data_dir=None,
     local_dir=None,
     strategy="auto",
-    make_translate_fn=None,
+    make_translate_fn="auto",
     report_padding=True,
     verbose="auto",
     callbacks=None,
@@ -762,9 +762,13 @@ def train(
             (`"auto"`, `"default"`, `"mirrored"`, `"multi_worker"`). Defaults to `"auto"`.
             A name is resolved first thing, before any other TensorFlow op, as
             `MultiWorkerMirroredStrategy` requires.
-        make_translate_fn: optional callable `(model, source_tokenizer, target_tokenizer)
-            -> translate_fn(list[str]) -> list[str]` for validation BLEU (the caller
-            injects decoding, so training does not import it). `None` skips BLEU.
+        make_translate_fn: how validation BLEU translates: `"auto"` (the in-graph
+            `Translator` with the config's `beam_size` and `length_penalty`, up to
+            `max_length + 16` tokens: `validation_translator(config)`, what the command
+            line uses), a callable `(model, source_tokenizer, target_tokenizer) ->
+            translate_fn(list[str]) -> list[str]`, or `None` to skip BLEU (`best.keras`
+            then follows the validation loss). BLEU runs only with `bleu_sentences > 0` and
+            a validation split. Defaults to `"auto"`.
         report_padding: bool, print the padding fraction with and without bucketing.
         verbose: Keras `fit` verbosity. Defaults to `"auto"`: the progress bar on a
             terminal, one line per epoch otherwise (no stream of `\r` and ANSI codes in a
@@ -785,6 +789,11 @@ def train(
     Returns:
         A `TrainingRun`.
     """
+    if isinstance(make_translate_fn, str):
+        if make_translate_fn != "auto":
+            raise ValueError("`make_translate_fn` must be 'auto', a callable or None. "
+                             f"Received: {make_translate_fn!r}")
+        make_translate_fn = validation_translator(config)
     if isinstance(strategy, str):
         strategy = select_strategy(strategy, cluster_timeout_minutes=cluster_timeout_minutes)
     output_dir = pathlib.Path(output_dir)
@@ -798,6 +807,34 @@ def train(
                           make_translate_fn, report_padding, verbose, callbacks)
     finally:
         keras.config.set_dtype_policy(caller_policy)
+
+
+def validation_translator(config):
+    """The factory `train` translates validation BLEU with unless told otherwise.
+
+    Beam search of `config.beam_size` beams and length penalty `config.length_penalty`
+    (greedy when `beam_size` is 1) through the in-graph `keras_transformer.export.Translator`,
+    up to `config.max_length + 16` output tokens. Decoding is imported when the factory is
+    called, not when training is.
+
+    Args:
+        config: `TrainingConfig`.
+
+    Returns:
+        A callable `(model, source_tokenizer, target_tokenizer) -> Translator` (a
+        `list[str] -> list[str]` callable).
+    """
+
+    def make(model, source_tokenizer, target_tokenizer):
+        from keras_transformer.export import DecodingConfig, Translator
+
+        beam = ({"search": "beam", "beam_size": config.beam_size,
+                 "alpha": config.length_penalty} if config.beam_size > 1
+                else {"search": "greedy"})
+        return Translator(model, source_tokenizer, target_tokenizer,
+                          DecodingConfig(max_output_length=config.max_length + 16, **beam))
+
+    return make
 
 
 def _remove_partial_files(write_dir):

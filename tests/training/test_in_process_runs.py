@@ -89,6 +89,26 @@ def test_a_quiet_run_draws_no_bar_and_a_finished_one_returns_a_compiled_model(
     assert again.model.compiled and again.model.optimizer is not None
 
 
+def test_a_run_from_python_computes_validation_bleu_as_the_command_line_does(config, tmp_path):
+    # `train(config, dir)` skipped validation BLEU unless the caller passed a translator
+    # factory only the command line had: `bleu_sentences` was ignored, best.keras followed
+    # val_loss and an EarlyStopping on val_bleu never saw it.
+    (tmp_path / "val.tsv").write_text("ka lo\tlo ka\nmi nu\tnu mi\n")
+    config = config.replace(data_files={"train": str(tmp_path / "train.tsv"),
+                                        "validation": str(tmp_path / "val.tsv")},
+                            bleu_sentences=2, beam_size=1)
+    run = _train(config, tmp_path / "run")
+    assert "val_bleu" in run.history
+    assert 0.0 <= run.history["val_bleu"][-1] <= 100.0
+    assert (tmp_path / "run" / "checkpoints" / "best.keras").exists()
+    silent = train(config, tmp_path / "none", make_translate_fn=None, report_padding=False,
+                   verbose=0)
+    assert "val_bleu" not in silent.history
+    with pytest.raises(ValueError, match="'auto', a callable or None"):
+        train(config, tmp_path / "typo", make_translate_fn="beam")
+    assert not (tmp_path / "typo").exists()
+
+
 def test_a_run_a_users_callback_stopped_stays_stopped_and_keeps_what_it_restored(
         config, tmp_path, capsys):
     # A run its own EarlyStopping stopped was trained on when the cell ran again (it had
