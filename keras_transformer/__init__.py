@@ -3,8 +3,9 @@
 Public API: `build_transformer`, the layers in `keras_transformer.layers`, and (in their own
 modules, imported on demand because they pull in tensorflow-text and tf.data) the tokenizers
 (`keras_transformer.text`), data pipeline (`keras_transformer.data`), training
-(`keras_transformer.training`), decoding (`keras_transformer.decoding`) and export
-(`keras_transformer.export`).
+(`keras_transformer.training`; its losses, metrics, optimizers and schedules load with the
+package, since a run's `.keras` file names them), decoding (`keras_transformer.decoding`) and
+export (`keras_transformer.export`).
 """
 
 import os
