@@ -144,10 +144,11 @@ def memory_padding_mask(memory, padding_mask=None):
 
 
 def check_integer_position(name, value):
-    """Refuses a fractional position: a Python or NumPy float, or a tensor of a float dtype.
+    """Refuses a position that is not an integer: a Python or NumPy float or bool, or a
+    tensor of a float or bool dtype.
 
     Positions are whole: `int(1.7)` would silently use position 1, and a sinusoid of 1.7 a
-    position between two.
+    position between two; `True` would be position 1.
 
     Args:
         name: the argument's name, for the message.
@@ -156,8 +157,8 @@ def check_integer_position(name, value):
     Raises:
         TypeError: when `value` is of a floating-point type.
     """
-    dtype = getattr(value, "dtype", None)
-    if isinstance(value, float) or (dtype is not None and "float" in str(dtype)):
+    dtype = str(getattr(value, "dtype", ""))
+    if isinstance(value, (float, bool)) or "float" in dtype or "bool" in dtype:
         raise TypeError(f"`{name}` must be an integer position, got {value!r} "
                         f"({type(value).__name__}).")
 

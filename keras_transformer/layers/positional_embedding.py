@@ -14,6 +14,20 @@ from keras_transformer.layers.utils import check_positive_int, check_rate
 SINUSOID_BASE = 10000.0
 
 
+def _static_int(value):
+    """The value of a graph tensor fixed when the graph is built (a constant), else None
+    (known only when the graph runs, or a Keras symbolic tensor)."""
+    if keras.backend.backend() != "tensorflow" or isinstance(value, keras.KerasTensor):
+        return None
+    import tensorflow as tf
+
+    try:
+        known = tf.get_static_value(value)
+    except TypeError:
+        return None
+    return None if known is None else int(known)
+
+
 def sinusoidal_encoding(length, d_model, start_index=0, dtype="float32"):
     """The paper's position encoding, sin on even and cos on odd dimensions.
 
@@ -193,8 +207,8 @@ class PositionalEmbedding(keras.layers.Layer):
         if not isinstance(start_index, numbers.Integral):
             try:  # a NumPy integer reaches `call` as an eager scalar tensor
                 start_index = int(start_index)
-            except (TypeError, ValueError):
-                start_index = None  # symbolic: known only when the graph runs
+            except (TypeError, ValueError):  # a graph tensor: its value, when it is fixed
+                start_index = _static_int(start_index)
         if (self.learned_positions and length is not None and start_index is not None
                 and start_index + length > self.max_length):
             raise ValueError(

@@ -1,7 +1,8 @@
 """Training: loss, metrics, learning-rate schedule, optimizer, strategy, callbacks, presets.
 
-Nothing here imports decoding or export code; validation BLEU gets its translation
-function injected (see `BleuCallback`).
+Nothing here imports decoding or export code when it is imported: validation BLEU gets its
+translation function injected (see `BleuCallback`), by default `validation_translator`'s,
+which imports the export's `Translator` when a run builds it.
 """
 
 import importlib
@@ -24,6 +25,7 @@ _MODULES = {
     "select_strategy": "strategy",
     "TrainingRun": "trainer",
     "train": "trainer",
+    "validation_translator": "trainer",
 }
 
 

@@ -40,8 +40,9 @@ class BleuCallback(keras.callbacks.Callback):
     `<best_path>.json`, so a run resumed by `BackupAndRestore` does not overwrite a better
     model with a worse one.
 
-    Training code never imports decoding code: the caller builds `translate_fn` (e.g.
-    greedy or beam search over `self.model`'s current weights) and passes it in.
+    The callback never imports decoding code: the caller builds `translate_fn` (e.g.
+    greedy or beam search over `self.model`'s current weights; `train`'s default is
+    `trainer.validation_translator`'s) and passes it in.
 
     Args:
         translate_fn: callable `list[str] -> list[str]`, detokenized translations of

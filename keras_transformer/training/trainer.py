@@ -789,11 +789,11 @@ def train(
     Returns:
         A `TrainingRun`.
     """
-    if isinstance(make_translate_fn, str):
-        if make_translate_fn != "auto":
-            raise ValueError("`make_translate_fn` must be 'auto', a callable or None. "
-                             f"Received: {make_translate_fn!r}")
+    if make_translate_fn == "auto" and isinstance(make_translate_fn, str):
         make_translate_fn = validation_translator(config)
+    elif make_translate_fn is not None and not callable(make_translate_fn):
+        raise ValueError("`make_translate_fn` must be 'auto', a callable or None. "
+                         f"Received: {make_translate_fn!r}")
     if isinstance(strategy, str):
         strategy = select_strategy(strategy, cluster_timeout_minutes=cluster_timeout_minutes)
     output_dir = pathlib.Path(output_dir)

@@ -99,10 +99,14 @@ def test_learned_positions_past_the_table_in_a_graph_name_the_table():
         embed(tf.ones((2, 7), tf.int32), tf.constant(0))
     with pytest.raises(tf.errors.InvalidArgumentError, match="max_length=6"):
         embed(tf.ones((2, 2), tf.int32), tf.constant(5))
+    # A start fixed in the graph, of a known length: refused when the function is traced.
+    fixed = tf.function(lambda ids: embedding(ids, start_index=tf.constant(5)))
+    with pytest.raises(ValueError, match=r"Positions 5 \.\. 6 are past.*max_length=6"):
+        fixed(tf.ones((2, 2), tf.int32))
 
 
-@pytest.mark.parametrize("value", [1.7, np.float32(1.0), tf.constant(1.0)],
-                         ids=["python", "numpy", "tensor"])
+@pytest.mark.parametrize("value", [1.7, np.float32(1.0), tf.constant(1.0), True],
+                         ids=["python", "numpy", "tensor", "bool"])
 def test_fractional_positions_are_refused_naming_the_argument(value):
     # `cache_index=1.7` was cut to 1 by `int()`, `start_index=1.7` embedded the sinusoids
     # of a position between two.

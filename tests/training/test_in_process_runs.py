@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from keras_transformer.training import get_preset
-from keras_transformer.training.trainer import train
+from keras_transformer.training.trainer import train, validation_translator
 
 WORDS = "ka lo mi nu pe ra si tu vo xe bal dor fen gim".split()
 
@@ -104,9 +104,26 @@ def test_a_run_from_python_computes_validation_bleu_as_the_command_line_does(con
     silent = train(config, tmp_path / "none", make_translate_fn=None, report_padding=False,
                    verbose=0)
     assert "val_bleu" not in silent.history
-    with pytest.raises(ValueError, match="'auto', a callable or None"):
-        train(config, tmp_path / "typo", make_translate_fn="beam")
+    for wrong in ("beam", True):
+        with pytest.raises(ValueError, match="'auto', a callable or None"):
+            train(config, tmp_path / "typo", make_translate_fn=wrong)
     assert not (tmp_path / "typo").exists()
+
+
+@pytest.mark.parametrize("beam_size", [1, 4])
+def test_validation_translator_decodes_with_the_configs_search(beam_size, monkeypatch):
+    import keras_transformer.export as export
+
+    made = []
+    monkeypatch.setattr(export, "Translator", lambda *args: made.append(args) or args)
+    config = get_preset("tiny").replace(beam_size=beam_size, length_penalty=1.2, max_length=20)
+    validation_translator(config)("model", "source", "target")
+    (model, source, target, decoding), = made
+    assert (model, source, target) == ("model", "source", "target")
+    assert decoding.search == ("greedy" if beam_size == 1 else "beam")
+    assert decoding.max_output_length == 36
+    if beam_size > 1:
+        assert (decoding.beam_size, decoding.alpha) == (4, 1.2)
 
 
 def test_a_run_a_users_callback_stopped_stays_stopped_and_keeps_what_it_restored(
