@@ -155,7 +155,7 @@ def check_integer_position(name, value):
         value: the position (int, NumPy scalar, scalar tensor).
 
     Raises:
-        TypeError: when `value` is of a floating-point type.
+        TypeError: when `value` is a float or a bool, or of such a dtype.
     """
     dtype = str(getattr(value, "dtype", ""))
     if isinstance(value, (float, bool)) or "float" in dtype or "bool" in dtype:

@@ -226,7 +226,7 @@ class PositionalEmbedding(keras.layers.Layer):
         `tf.function` of unknown shapes; XLA, having no assertions, compiles it away)."""
         import tensorflow as tf
 
-        if not tf.inside_function() or (tf.get_static_value(start) is not None
+        if not tf.inside_function() or (_static_int(start) is not None
                                         and isinstance(length, int)):
             return start  # checked before running (`_check_token_ids`)
         end = start + tf.cast(length, tf.int32)

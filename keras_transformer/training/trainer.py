@@ -789,7 +789,7 @@ def train(
     Returns:
         A `TrainingRun`.
     """
-    if make_translate_fn == "auto" and isinstance(make_translate_fn, str):
+    if isinstance(make_translate_fn, str) and make_translate_fn == "auto":
         make_translate_fn = validation_translator(config)
     elif make_translate_fn is not None and not callable(make_translate_fn):
         raise ValueError("`make_translate_fn` must be 'auto', a callable or None. "
