@@ -628,20 +628,12 @@ class TransformerParts:
         embedding = self.target_embedding
         if not embedding.learned_positions:
             return index
-        import tensorflow as tf
-
-        message = (f"past the learned position table of {embedding.max_length} positions of "
-                   f"{embedding.name}: decode at most {embedding.max_length} positions.")
-        known = tf.get_static_value(index) if tf.is_tensor(index) else index
-        if known is None:  # a graph tensor
-            index = tf.cast(index, tf.int32)
-            check = tf.debugging.Assert(index < embedding.max_length,
-                                        ["position", index, message])
-            with tf.control_dependencies([check]):
-                return tf.identity(index)
-        if int(known) >= embedding.max_length:
-            raise ValueError(f"A decoder step at position {int(known)} is {message}")
-        return index
+        return masking.checked_position(
+            index, lambda position: position < embedding.max_length,
+            lambda position: [
+                "A decoder step at position ", position, " is past the learned position table "
+                f"of {embedding.max_length} positions of {embedding.name}: decode at most "
+                f"{embedding.max_length} positions."])
 
     def _positions(self, index, weights):
         embedding = self.target_embedding

@@ -4,6 +4,7 @@ Keras' convention holds throughout: a boolean mask is `True` where a position ma
 to (kept) and `False` where it is hidden.
 """
 
+import keras
 from keras import ops
 
 try:  # Keras keeps this accessor private; keras-hub imports it the same way.
@@ -161,6 +162,73 @@ def check_integer_position(name, value):
     if isinstance(value, (float, bool)) or "float" in dtype or "bool" in dtype:
         raise TypeError(f"`{name}` must be an integer position, got {value!r} "
                         f"({type(value).__name__}).")
+
+
+def static_int(value):
+    """`value` as a Python int when it is known before a graph runs (a Python, NumPy or eager
+    integer, or a constant of a graph), else None (a graph tensor known only when the graph
+    runs, or a Keras symbolic tensor)."""
+    if isinstance(value, int):
+        return int(value)
+    if keras.backend.backend() != "tensorflow" or isinstance(value, keras.KerasTensor):
+        try:
+            return int(value)
+        except (TypeError, ValueError):
+            return None
+    import tensorflow as tf
+
+    try:
+        known = tf.get_static_value(value)
+    except TypeError:
+        return None
+    return None if known is None else int(known)
+
+
+def checked_position(position, fits, describe):
+    """`position`, refused unless `fits(position)` holds: at once when the position is known
+    before running, when the graph runs otherwise.
+
+    The one shape of the package's position checks (a cache index, a learned position table,
+    a decoding step): a value known before running (a Python, NumPy or eager integer, or a
+    constant of a graph) raises `ValueError` here; a graph tensor gets a
+    `tf.debugging.Assert` (which XLA, having no assertions, compiles away). A Keras symbolic
+    tensor, or a position on another backend known only when running, passes unchecked.
+
+    Args:
+        position: the integer position (int, NumPy scalar, scalar tensor).
+        fits: maps the position (an int, or an int32 tensor) to whether it is valid: a bool,
+            or a boolean tensor where a bound is known only when the graph runs.
+        describe: maps the position (an int, or an int32 tensor for the assertion) to the
+            message's parts (strings and positions), joined for the `ValueError` and printed
+            by the assertion.
+
+    Returns:
+        `position`, or where the check runs with the graph, `position` as int32 after it.
+
+    Raises:
+        ValueError: when the position is known before running and does not fit.
+    """
+    known = static_int(position)
+    if known is not None:
+        holds = fits(known)
+        if isinstance(holds, bool) or not hasattr(holds, "dtype"):
+            if not holds:
+                raise ValueError("".join(str(part) for part in describe(known)))
+            return position
+    if keras.backend.backend() != "tensorflow" or isinstance(position, keras.KerasTensor):
+        return position
+    import tensorflow as tf
+
+    index = tf.cast(position, tf.int32) if known is None else tf.constant(known, tf.int32)
+    holds = fits(index)
+    if tf.get_static_value(holds) is not None:  # eager, or fixed when the graph is built
+        if not bool(tf.get_static_value(holds)):
+            raise ValueError("".join(str(tf.get_static_value(part)) if tf.is_tensor(part)
+                                     else str(part) for part in describe(index)))
+        return position
+    check = tf.debugging.Assert(holds, list(describe(index)))
+    with tf.control_dependencies([check]):
+        return tf.identity(index)
 
 
 def keras_mask(x):

@@ -372,20 +372,9 @@ def _checked_cache_index(cache, cache_index, length):
     positions = cache.shape[2]
     if positions is None or length is None:
         return cache_index
-    message = (f"with {length} new position(s) does not fit a cache of {positions} "
+    message = (f" with {length} new position(s) does not fit a cache of {positions} "
                "positions: initialize_cache(..., max_length) bounds the positions a cached "
                "decoder writes.")
-    try:
-        index = int(cache_index)
-    except (TypeError, ValueError):  # a symbolic index: known only when the graph runs
-        if keras.backend.backend() != "tensorflow" or isinstance(cache_index, keras.KerasTensor):
-            return cache_index
-        import tensorflow as tf
-
-        index = tf.cast(cache_index, tf.int32)
-        fits = tf.logical_and(index >= 0, index + length <= positions)
-        with tf.control_dependencies([tf.debugging.Assert(fits, ["cache_index", index, message])]):
-            return tf.identity(index)
-    if index < 0 or index + length > positions:
-        raise ValueError(f"cache_index={index} {message}")
-    return cache_index
+    return masking.checked_position(
+        cache_index, lambda index: (index >= 0) & (index + length <= positions),
+        lambda index: ["cache_index=", index, message])

@@ -1,7 +1,6 @@
 """Token embedding scaled by sqrt(d_model) plus position encoding, with dropout on the sum."""
 
 import math
-import numbers
 
 import keras
 from keras import ops
@@ -12,20 +11,6 @@ from keras_transformer.layers.utils import check_positive_int, check_rate
 
 # The base of the sinusoid wavelengths in the paper (section 3.5).
 SINUSOID_BASE = 10000.0
-
-
-def _static_int(value):
-    """The value of a graph tensor fixed when the graph is built (a constant), else None
-    (known only when the graph runs, or a Keras symbolic tensor)."""
-    if keras.backend.backend() != "tensorflow" or isinstance(value, keras.KerasTensor):
-        return None
-    import tensorflow as tf
-
-    try:
-        known = tf.get_static_value(value)
-    except TypeError:
-        return None
-    return None if known is None else int(known)
 
 
 def sinusoidal_encoding(length, d_model, start_index=0, dtype="float32"):
@@ -177,9 +162,10 @@ class PositionalEmbedding(keras.layers.Layer):
         if self.scale_embeddings:
             tokens = tokens * ops.cast(math.sqrt(self.d_model), tokens.dtype)
         if self.learned_positions:
-            start = ops.cast(start_index, "int32")
-            if keras.backend.backend() == "tensorflow":
-                start = self._checked_in_table(start, length)
+            start = ops.cast(masking.checked_position(
+                start_index, lambda start: start + length <= self.max_length,
+                lambda start: ["Positions ", start, " .. ", start + length - 1, " are ",
+                               self._past_table_message()]), "int32")
             positions = ops.slice(
                 self.position_embeddings, [start, ops.zeros((), "int32")], [length, self.d_model]
             )
@@ -189,8 +175,8 @@ class PositionalEmbedding(keras.layers.Layer):
         return self._dropout_layer(outputs, training=training)
 
     def _check_token_ids(self, inputs, start_index):
-        """Integer ids (floats would embed but mask nothing), within a learned position
-        table where the length and start are known before running."""
+        """Integer ids of shape (B, T) (floats would embed but mask nothing) and an integer
+        start (`call` checks it against a learned position table)."""
         if len(inputs.shape) != 2:  # the last axis is the length: other ranks got wrong positions
             raise ValueError(
                 f"{self.name} expects token ids of shape (B, T), got shape {tuple(inputs.shape)}.")
@@ -203,38 +189,11 @@ class PositionalEmbedding(keras.layers.Layer):
                 "dtype=\"int32\"). Float ids would embed but compute no padding mask."
             )
         masking.check_integer_position("start_index", start_index)
-        length = inputs.shape[-1]
-        if not isinstance(start_index, numbers.Integral):
-            try:  # a NumPy integer reaches `call` as an eager scalar tensor
-                start_index = int(start_index)
-            except (TypeError, ValueError):  # a graph tensor: its value, when it is fixed
-                start_index = _static_int(start_index)
-        if (self.learned_positions and length is not None and start_index is not None
-                and start_index + length > self.max_length):
-            raise ValueError(
-                f"Positions {start_index} .. {start_index + length - 1} are "
-                f"{self._past_table_message()}")
 
     def _past_table_message(self):
         return (f"past the learned position table of {self.name} "
                 f"(max_length={self.max_length}): shorten the inputs or build the layer with a "
                 "larger max_length.")
-
-    def _checked_in_table(self, start, length):
-        """`start` (int32), with a runtime assertion that `length` positions from it fit the
-        learned table where the length or the start is known only when a graph runs (a
-        `tf.function` of unknown shapes; XLA, having no assertions, compiles it away)."""
-        import tensorflow as tf
-
-        if not tf.inside_function() or (_static_int(start) is not None
-                                        and isinstance(length, int)):
-            return start  # checked before running (`_check_token_ids`)
-        end = start + tf.cast(length, tf.int32)
-        check = tf.debugging.Assert(end <= self.max_length,
-                                    ["Positions from", start, "to", end - 1, "are",
-                                     self._past_table_message()])
-        with tf.control_dependencies([check]):
-            return tf.identity(start)
 
     def compute_mask(self, inputs, mask=None):
         # Only token ids carry padding; hidden states projected with `reverse=True` do not.

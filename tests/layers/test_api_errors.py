@@ -13,6 +13,7 @@ from keras_transformer.layers import (
     EncoderBlock,
     MultiHeadAttention,
     PositionalEmbedding,
+    masking,
 )
 from keras_transformer.model import TransformerParts, build_transformer
 
@@ -321,3 +322,39 @@ def test_positional_embedding_computes_its_output_shape():
     embedding = PositionalEmbedding(20, 8)
     assert embedding.compute_output_shape((None, None)) == (None, None, 8)
     assert embedding.compute_output_shape((2, 5)) == (2, 5, 8)
+
+
+def test_position_checks_refuse_before_running_or_when_the_graph_runs():
+    """The one helper behind the cache, table and step checks: a position known before
+    running is refused with the joined message, one known only in a graph by an assertion."""
+    def check(position, bound=4):
+        return masking.checked_position(position, lambda p: p < bound,
+                                        lambda p: ["position ", p, " is past ", bound])
+
+    assert check(3) == 3 and int(check(np.int64(3))) == 3 and int(check(tf.constant(3))) == 3
+    for position in (4, np.int32(4), tf.constant(4)):
+        with pytest.raises(ValueError, match="^position 4 is past 4$"):
+            check(position)
+
+    @tf.function(input_signature=[tf.TensorSpec((), tf.int32)])
+    def in_a_graph(position):
+        return check(position)
+
+    assert int(in_a_graph(tf.constant(3))) == 3
+    with pytest.raises(tf.errors.InvalidArgumentError, match="position.*5.*is past.*4"):
+        in_a_graph(tf.constant(5))
+
+    @tf.function
+    def fixed_in_the_graph():
+        return check(tf.constant(7))
+
+    with pytest.raises(ValueError, match="position 7 is past 4"):  # when traced
+        fixed_in_the_graph()
+
+    @tf.function(input_signature=[tf.TensorSpec((), tf.int32)])
+    def bound_known_when_running(bound):
+        return check(2, bound)  # the position is fixed, the bound is not
+
+    assert int(bound_known_when_running(tf.constant(3))) == 2
+    with pytest.raises(tf.errors.InvalidArgumentError, match="position.*2.*is past"):
+        bound_known_when_running(tf.constant(2))
