@@ -498,7 +498,9 @@ def evaluate_export(path, sources, references, batch_size=64, signature="transla
         signature: str, the signature to call. Defaults to `"translate"`.
         on_batch: callable or None, called with each timed batch's size (a progress bar).
         target_lang: str or None, the references' language, for BLEU's tokenization
-            (`evaluate_translations`). Defaults to `None`.
+            (`evaluate_translations`). Defaults to `None`: the target language the export
+            records (its metadata or training configuration), as `keras-transformer
+            evaluate` reads it.
 
     Returns:
         The dict of `evaluate_translations`, plus `seconds` (translation wall time),
@@ -522,6 +524,10 @@ def evaluate_export(path, sources, references, batch_size=64, signature="transla
     seconds = time.perf_counter() - start
     translations = [r["translation"] for r in results]
     normalization = _export_normalization(translator)  # the version it loaded
+    if target_lang is None:
+        metadata = translator.metadata
+        target_lang = (metadata.get("target_lang")
+                       or (metadata.get("training_config") or {}).get("target_lang"))
     result = evaluate_translations(translations, references, target_lang, normalization)
     result.update(
         seconds=seconds,

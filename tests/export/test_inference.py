@@ -323,6 +323,39 @@ def test_evaluating_an_export_normalizes_references_with_its_vocabulary_rule(tmp
     assert seen["normalization"] == "nfkc"
 
 
+@pytest.mark.parametrize("recorded", ["top_level", "training_config", "given"])
+def test_evaluating_an_export_tokenizes_bleu_for_the_language_it_records(tmp_path,
+                                                                         monkeypatch,
+                                                                         recorded):
+    # `evaluate_export` scored a Japanese export with `13a` (BLEU 0.0 where the command
+    # line, reading the export's language, gave 22.52 with `char`).
+    from keras_transformer.export import inference
+
+    class Exported:
+        path = tmp_path
+
+        def __init__(self, path, signature):
+            pass
+
+        def translate(self, sentences, batch_size=64, on_batch=None):
+            return [{"translation": "猫がいる", "truncated": False, "unfinished": False}
+                    for _ in sentences]
+
+        @property
+        def metadata(self):
+            return inference.read_export_metadata(self.path)
+
+    metadata = {"top_level": {"source_lang": "en", "target_lang": "ja"},
+                "training_config": {"training_config": {"target_lang": "ja"}},
+                "given": {"target_lang": "de"}}[recorded]
+    monkeypatch.setattr(inference, "ExportedTranslator", Exported)
+    monkeypatch.setattr(inference, "read_export_metadata", lambda path: metadata)
+    given = {"target_lang": "ja"} if recorded == "given" else {}
+    result = inference.evaluate_export(tmp_path, ["a cat"], ["猫がいます"], **given)
+    assert "tok:char" in result["bleu_signature"]
+    assert result["bleu"] > 0
+
+
 def test_evaluating_one_string_or_the_translators_records_is_refused():
     # One string was scored character by character (BLEU 0.0, no error); the records of
     # `ExportedTranslator.translate` failed inside sacreBLEU; normalization=None failed in
