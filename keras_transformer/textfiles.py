@@ -142,7 +142,10 @@ def decode_utf8(raw, where, error=ValueError, check_utf16=True):
     except UnicodeDecodeError as bad:
         raise error(
             f"{where}: invalid UTF-8 (byte 0x{raw[bad.start]:02x} at offset {bad.start}). "
-            "Convert the file to UTF-8 (e.g. `iconv -f latin1 -t utf-8`)."
+            "Find the file's encoding (`file -i FILE`; Windows editors write cp1252 for "
+            "Western European, cp1251 for Cyrillic, shift_jis for Japanese) and convert it: "
+            "`iconv -f ENCODING -t utf-8 FILE > FILE.utf8`. Converting from the wrong "
+            "encoding gives text that reads as nonsense but trains."
         ) from bad
 
 

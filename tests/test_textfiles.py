@@ -83,3 +83,16 @@ def test_partial_files_of_processes_no_longer_running_are_removed(tmp_path):
     # A run starting writes nothing yet: its own process id's files are stale too (in a
     # container every start may get the same id).
     assert textfiles.remove_stale_partials(tmp_path, keep_own=False) == [alive]
+
+
+def test_the_advice_on_a_file_not_in_utf8_does_not_assume_latin1():
+    # The message said `iconv -f latin1 -t utf-8` for every file: a Russian file in cp1251
+    # converted that way became fluent-looking mojibake ("Íàø ñîñåä") that trained silently.
+    from keras_transformer.textfiles import decode_utf8
+
+    with pytest.raises(ValueError) as error:
+        decode_utf8("Наш сосед".encode("cp1251"), "train.ru:1")
+    message = str(error.value)
+    assert "train.ru:1: invalid UTF-8" in message
+    assert "latin1" not in message
+    assert "file -i" in message and "iconv -f ENCODING -t utf-8" in message
