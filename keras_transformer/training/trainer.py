@@ -966,6 +966,9 @@ def _train(config, output_dir, write_dir, strategy, data_dir, local_dir, make_tr
     )
     train_ds = shard_by_data(train_ds)
     val_ds = shard_by_data(val_ds) if val_ds is not None else None
+    warning = warmup_warning(config, steps_per_epoch) if chief and not finished else None
+    if warning:
+        print(warning, file=sys.stderr, flush=True)
     if verbose == "auto":
         verbose = 1 if getattr(sys.stdout, "isatty", lambda: False)() else 2
     if report_padding and chief:
@@ -1094,6 +1097,25 @@ def _nothing_to_train(config, epochs_done, record):
                 "stopped (model.stop_training, say an EarlyStopping); nothing to train (pass "
                 f"epochs larger than {stopped['planned']} to continue it)")
     return None
+
+
+def warmup_warning(config, steps_per_epoch):
+    """The warning for a run whose learning rate would never reach its peak: fewer updates
+    before the cooldown (`config.epochs` x `steps_per_epoch`, less `lr_cooldown`'s share)
+    than `warmup_steps`, as on a small corpus with a preset made for a larger one. None
+    when the warm-up ends in time (a time budget can only end the run earlier)."""
+    total = config.epochs * steps_per_epoch
+    before_cooldown = total - cooldown_steps(config.lr_cooldown, total)
+    if config.warmup_steps <= before_cooldown:
+        return None
+    share = before_cooldown / config.warmup_steps
+    suggestion = max(1, before_cooldown // 4)
+    return (f"Warning: warmup_steps={config.warmup_steps} is more than this run's "
+            f"{before_cooldown} updates before its cooldown ({total} updates: "
+            f"{config.epochs} epoch(s) of {steps_per_epoch} batches): the learning rate will "
+            f"reach only {share:.0%} of its peak, and a model trained so little translates "
+            f"little. Warm up over a fraction of the run (e.g. --set "
+            f"warmup_steps={suggestion}), or train more epochs or on more data.")
 
 
 def planned_epochs(config, epoch_seconds):

@@ -203,3 +203,24 @@ def test_a_users_callback_sees_the_restored_state_when_training_begins(
 
 def _train_with(config, directory, callbacks):
     return train(config, directory, callbacks=callbacks, report_padding=False, verbose=0)
+
+
+def test_a_run_too_short_for_its_warmup_says_so_and_how_to_fix_it(config, tmp_path, capsys):
+    # The README's own-data recipe (`--preset quick`, 400 warm-up steps) on 1,500 pairs made
+    # 50 updates: the rate peaked at 1/8 of its plan, cooled to zero, and the run ended at
+    # 0.0 BLEU with nothing said.
+    from keras_transformer.training.trainer import warmup_warning
+
+    message = warmup_warning(config.replace(warmup_steps=400, epochs=2, lr_cooldown=0.3), 25)
+    assert "warmup_steps=400" in message and "50 updates" in message
+    assert "9%" in message  # of the peak: 35 updates before the cooldown, of 400
+    assert "--set warmup_steps=" in message
+    assert "12%" in warmup_warning(config.replace(warmup_steps=400, epochs=2, lr_cooldown=0.0),
+                                   24)
+    assert warmup_warning(config.replace(warmup_steps=30, epochs=2, lr_cooldown=0.3), 25) is None
+    assert warmup_warning(config.replace(warmup_steps=50, epochs=2, lr_cooldown=0.0), 25) is None
+
+    _train(config.replace(warmup_steps=400, steps_per_epoch=None), tmp_path / "short")
+    assert "warmup_steps=400" in capsys.readouterr().err
+    _train(config.replace(warmup_steps=2, steps_per_epoch=None), tmp_path / "long_enough")
+    assert "warmup_steps" not in capsys.readouterr().err
