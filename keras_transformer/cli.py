@@ -251,6 +251,13 @@ def _overwrite(output, worker_index):
             f"Refusing to delete {output}: it is not a run directory (no config.json and "
             "checkpoints from `keras-transformer train`). Choose another --output."
         )
+    exports = sorted(str(model.parent.relative_to(output))
+                     for pattern in ("*/saved_model.pb", "*/*/saved_model.pb")
+                     for model in output.glob(pattern)
+                     if not model.relative_to(output).parts[0].startswith(WORKER_TEMP_PREFIX))
+    if exports:  # the README exports into the run: a server may be pointed there
+        print(f"--overwrite deletes the previous run in {output} with the SavedModel "
+              f"export(s) made into it: {', '.join(exports)}.", flush=True)
     # What marks the directory as a run last, config.json at the very end: an --overwrite
     # interrupted (Ctrl-C, an OSError) is one that --overwrite can run again.
     for entry in sorted(output.iterdir(), key=lambda entry: (

@@ -49,6 +49,24 @@ def test_overwrite_deletes_a_run_but_other_workers_directories(tmp_path):
     _overwrite(tmp_path / "missing", worker_index=None)  # nothing to delete is fine
 
 
+def test_overwrite_names_the_exports_it_deletes_with_the_run(tmp_path, capsys):
+    # The README exports into the run (`--out runs/fr-en/export`); --overwrite deleted that
+    # SavedModel with the run, a TF Serving base path pointed there included, and said nothing.
+    for name in ("config.json", "history.json", "model.keras"):
+        (tmp_path / name).write_text("{}")
+    for version in ("export/1", "export/2", "serving/7"):
+        (tmp_path / version).mkdir(parents=True)
+        (tmp_path / version / "saved_model.pb").write_bytes(b"")
+    _overwrite(tmp_path, worker_index=None)
+    out = capsys.readouterr().out
+    assert os.listdir(tmp_path) == []
+    assert "export/1, export/2, serving/7" in out and "SavedModel" in out
+    for name in ("config.json", "history.json"):
+        (tmp_path / name).write_text("{}")
+    _overwrite(tmp_path, worker_index=None)  # a run without exports: nothing to name
+    assert "SavedModel" not in capsys.readouterr().out
+
+
 def test_an_interrupted_overwrite_can_be_run_again(tmp_path, monkeypatch):
     # Ctrl-C (or an OSError) while --overwrite deleted a run, after its config.json was gone,
     # left a directory that --overwrite refused as "not a run directory" and a plain rerun
