@@ -15,6 +15,7 @@ What happens to bad input (the same rules for parallel files, TSV and TFDS datas
 | a pair with one empty (or whitespace) side   | dropped, counted as `empty_source`/`empty_target` |
 | a side of characters normalization removes   | the same (zero-width spaces, bidi marks, controls) |
 | a TSV line without exactly one tab           | `DataError` with file, line number, tab count  |
+| a TSV field in CSV quotes (its quotes doubled) | `DataError` with file and line, and the fix  |
 | CRLF line endings                            | repaired (the `\\r` removed), counted as `crlf` |
 | a UTF-8 byte order mark at the start of a file | repaired (removed), counted as `bom`         |
 | invalid UTF-8 bytes                          | `DataError` with file, line number and byte    |
@@ -249,6 +250,13 @@ def read_parallel_files(source_path, target_path, report, keep_all=False):
             yield pair
 
 
+def _csv_quoted(field):
+    """Whether a TSV field is one a CSV writer quoted: wrapped in quotes, with the quotes it
+    holds doubled (a sentence's own quotes around it are not doubled inside)."""
+    field = field.strip()
+    return len(field) > 2 and field[0] == field[-1] == '"' and '""' in field[1:-1]
+
+
 def read_tsv(path, report, keep_all=False):
     """Yields the pairs of a `source<TAB>target` file (plain or `.gz`), counted in `report`.
 
@@ -275,11 +283,23 @@ def read_tsv(path, report, keep_all=False):
         else:
             tabs = line.count("\t")
             if tabs != 1:
+                ending = (" The line ends with a tab: remove the empty last column."
+                          if tabs > 1 and line.rstrip(" ").endswith("\t") else
+                          " A tab inside a sentence must be removed first.")
                 raise DataError(
                     f"{os.fspath(path)}:{number}: expected exactly one tab between source and "
-                    f"target, found {tabs}. A tab inside a sentence must be removed first."
+                    f"target, found {tabs}.{ending}"
                 )
             source, target = line.split("\t")
+            if _csv_quoted(source) or _csv_quoted(target):
+                raise DataError(
+                    f"{os.fspath(path)}:{number}: a field in CSV quoting (wrapped in quotes, "
+                    "its own quotes doubled, as pandas, Excel or Python's csv module write a "
+                    "field holding a quote): it would be trained with those quotes. Write "
+                    "plain `source<TAB>target` lines, each pair as "
+                    "`f.write(source + \"\\t\" + target + \"\\n\")`, not through a CSV "
+                    "writer."
+                )
         pair = keep_pair(source, target, report)
         if keep_all:
             yield source.strip(), target.strip()

@@ -123,6 +123,29 @@ def test_tsv_line_without_exactly_one_tab_is_rejected_with_file_and_line(tmp_pat
         list(read_tsv(path, SplitReport()))
 
 
+def test_tsv_line_ending_in_a_tab_is_told_it_has_an_empty_column(tmp_path):
+    # An empty trailing column (a spreadsheet's third column) was told "A tab inside a
+    # sentence must be removed first", which it is not.
+    path = write_lines(tmp_path / "t.tsv", ["un\tone", "deux\ttwo\t"])
+    with pytest.raises(DataError, match=rf"{path}:2: .*found 2.*ends with a tab"):
+        list(read_tsv(path, SplitReport()))
+
+
+def test_tsv_written_with_csv_quoting_is_refused_not_trained_on_its_quotes(tmp_path):
+    # pandas' or Excel's TSV quotes a field holding a quote and doubles the quote inside:
+    # `"The boy says: ""yes"""` was trained as written, quotes and doubled quotes included.
+    quoted = 'Le garçon dit : « oui »\t"The boy says: ""yes"""'
+    path = write_lines(tmp_path / "t.tsv", ["un\tone", quoted])
+    with pytest.raises(DataError, match=rf"{path}:2: .*CSV quoting"):
+        list(read_tsv(path, SplitReport()))
+    # Quotes a sentence holds are text: at the start, at the end, around the whole of it.
+    plain = ['"Oui", dit-il.\t"Yes," he said.', '« Oui »\t"Yes"', 'Il a dit "oui"\tHe said "yes"',
+             '"Oui" "non"\t"Yes" and "no"']
+    path = write_lines(tmp_path / "plain.tsv", plain)
+    assert [pair[1] for pair in read_tsv(path, SplitReport())] == [
+        '"Yes," he said.', '"Yes"', 'He said "yes"', '"Yes" and "no"']
+
+
 def test_tsv_blank_lines_and_empty_sides_are_counted(tmp_path):
     path = write_bytes(tmp_path / "t.tsv.gz", b"un\tone\r\n\n\tx\ny\t\ndeux\ttwo\n")
     report = SplitReport()
