@@ -24,14 +24,15 @@ $(STAMP): setup.py
 # Train the `quick` preset on Multi30K En->De, then print translations and test_2016 BLEU.
 # Run it again and it picks up where it stopped: an interrupted training resumes from its
 # last epoch, a finished run is reused (its export and evaluation too, printed again in
-# seconds; an export cut short is made again). `make run FRESH=1` deletes the run and starts
-# over.
+# seconds; an export cut short is made again). A model trained again is exported as the next
+# version of $(RUN_DIR)/export (the directory export/docker-compose.yml serves), never in
+# place of one a server may hold. `make run FRESH=1` deletes the run and starts over.
 # PRESET, TRAIN_ARGS and EVAL_ARGS change the recipe (e.g. the tests' tiny runs).
 run: $(STAMP)
 	$(PY) -m keras_transformer train --preset $(PRESET) --output $(RUN_DIR) $(if $(FRESH),--overwrite) $(TRAIN_ARGS)
 	@if [ ! -d $(RUN_DIR)/export ] || [ $(RUN_DIR)/model.keras -nt $(RUN_DIR)/export ] || \
 		! ls -d $(RUN_DIR)/export/[0-9]* > /dev/null 2>&1; then \
-		rm -rf $(RUN_DIR)/export $(RUN_DIR)/evaluation.txt && \
+		rm -f $(RUN_DIR)/evaluation.txt && \
 		echo "$(PY) -m keras_transformer export --model $(RUN_DIR) --out $(RUN_DIR)/export" && \
 		$(PY) -m keras_transformer export --model $(RUN_DIR) --out $(RUN_DIR)/export; \
 	else echo "Reusing the export in $(RUN_DIR)/export"; fi

@@ -256,6 +256,27 @@ def test_make_run_exports_again_after_an_interrupted_export(tmp_path):
     assert "Reusing the export" in _make("run", "PY=true", "STAMP=", f"RUN_DIR={run}").stdout
 
 
+@pytest.mark.skipif(shutil.which("make") is None, reason="needs make")
+def test_make_run_adds_a_version_to_the_export_a_server_reads(tmp_path):
+    # A retrained model's `make run` deleted RUN/export, the directory
+    # export/docker-compose.yml serves, and exported version 1 again: a server polling then
+    # had no model, and one that had loaded version 1 never saw the new one.
+    run = tmp_path / "run"
+    (run / "export" / "1").mkdir(parents=True)
+    (run / "export" / "1" / "saved_model.pb").write_bytes(b"")
+    (run / "evaluation.txt").write_text("BLEU of version 1")
+    os.utime(run / "export", ns=(1, 1))
+    (run / "model.keras").write_text("")  # trained after the export
+    made = _make("run", "PY=true", "STAMP=", f"RUN_DIR={run}")
+    assert made.returncode == 0, made.stderr
+    assert "export --model" in made.stdout and "rm -rf" not in made.stdout
+    assert (run / "export" / "1" / "saved_model.pb").exists()
+    # The old version's evaluation is not reused: the new version is evaluated (`PY=true`
+    # writes an empty one).
+    assert (run / "evaluation.txt").read_text() != "BLEU of version 1"
+    assert "evaluate --export" in made.stdout
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(shutil.which("make") is None, reason="needs make")
 def test_make_run_reuses_a_finished_run(tmp_path):
