@@ -9,6 +9,11 @@ import time
 
 import tensorflow as tf
 
+from keras_transformer.export.warmup import (
+    WARMUP_FILENAME,
+    text_signatures,
+    write_warmup_requests,
+)
 from keras_transformer.textfiles import remove_stale_partials
 
 # `.tmp-VERSION-PID`: where process PID writes a version before renaming it into place.
@@ -73,7 +78,9 @@ def export_translator(translator, base_dir, version=None, metadata=None):
     version. Signatures: `serving_default` and `translate` (the export-time search),
     unless that search is greedy `translate_greedy`, and for a sampling export
     `translate_seeded(text, seed)` (see `Translator`). The tokenizer models are SavedModel
-    assets; `assets.extra/translator.json` records the decoding settings and `metadata`.
+    assets; `assets.extra/translator.json` records the decoding settings and `metadata`, and
+    `assets.extra/tf_serving_warmup_requests` holds requests TF Serving replays when it loads
+    the version (`keras_transformer.export.warmup`).
 
     Args:
         translator: a `Translator`.
@@ -111,6 +118,8 @@ def export_translator(translator, base_dir, version=None, metadata=None):
             **(metadata or {}),
         }
         (extra / "translator.json").write_text(json.dumps(record, indent=2, default=str))
+        write_warmup_requests(extra / WARMUP_FILENAME,
+                              text_signatures(translator.signatures()))
         try:
             os.replace(staging, final)
         except OSError as error:

@@ -1,0 +1,88 @@
+"""TF Serving's warm-up file: requests the server replays when it loads a version.
+
+TF Serving reads `assets.extra/tf_serving_warmup_requests` (a TFRecord file of
+`tensorflow.serving.PredictionLog` protos) and runs every request before the version takes
+traffic, so the first users do not pay for graph optimization, or with `--jit` for XLA
+compilation of the shapes warmed. The protos are written here by hand (protobuf's wire
+format: a handful of length-delimited fields), so exporting needs no `tensorflow-serving-api`;
+the tests parse the file with that package's own classes.
+"""
+
+import numpy as np
+import tensorflow as tf
+
+# The file's name and place, as TF Serving looks for it.
+WARMUP_FILENAME = "tf_serving_warmup_requests"
+# Batches replayed for each signature that takes text: one short sentence (a user's single
+# request), one longer, and a batch of eight.
+WARMUP_BATCHES = (
+    ("A warm-up request.",),
+    ("A longer warm-up request, of about twenty words, so that the server also runs a wider "
+     "batch of pieces before it takes traffic.",),
+    tuple(f"Warm-up request number {i} of a batch." for i in range(8)),
+)
+
+
+def _varint(value):
+    out = bytearray()
+    while True:
+        byte = value & 0x7F
+        value >>= 7
+        if value:
+            out.append(byte | 0x80)
+        else:
+            out.append(byte)
+            return bytes(out)
+
+
+def _field(number, payload):
+    """A length-delimited protobuf field (wire type 2): a message, a string or bytes."""
+    return _varint(number << 3 | 2) + _varint(len(payload)) + payload
+
+
+def prediction_log(signature_name, inputs):
+    """A serialized `tensorflow.serving.PredictionLog` holding one `PredictRequest`.
+
+    Args:
+        signature_name: str, the signature the request calls.
+        inputs: dict of input name to array-like (strings for `text`).
+
+    Returns:
+        bytes, the serialized proto.
+    """
+    spec = _field(3, signature_name.encode("utf-8"))  # ModelSpec.signature_name
+    request = _field(1, spec)  # PredictRequest.model_spec
+    for name, value in sorted(inputs.items()):  # PredictRequest.inputs, a map
+        tensor = tf.make_tensor_proto(np.asarray(value, dtype=object)).SerializeToString()
+        request += _field(2, _field(1, name.encode("utf-8")) + _field(2, tensor))
+    return _field(6, _field(1, request))  # PredictionLog.predict_log.request
+
+
+def text_signatures(signatures):
+    """The names of `signatures` (name -> concrete function) whose only input is `text`."""
+    names = []
+    for name, function in signatures.items():
+        specs = tf.nest.flatten(function.structured_input_signature)
+        if [getattr(spec, "name", None) for spec in specs] == ["text"]:
+            names.append(name)
+    return sorted(names)
+
+
+def write_warmup_requests(path, signature_names, batches=WARMUP_BATCHES):
+    """Writes the warm-up file: every batch of `batches` for every signature named.
+
+    Args:
+        path: str or path-like, the file (`assets.extra/tf_serving_warmup_requests`).
+        signature_names: iterable of str, signatures taking one `text` input.
+        batches: sequence of sequences of str, the sentences of each request.
+
+    Returns:
+        int, the number of requests written.
+    """
+    count = 0
+    with tf.io.TFRecordWriter(str(path)) as writer:
+        for name in signature_names:
+            for batch in batches:
+                writer.write(prediction_log(name, {"text": list(batch)}))
+                count += 1
+    return count
