@@ -19,7 +19,9 @@ gRPC (`--grpc`, port 8500) needs `pip install tensorflow-serving-api` (which bri
 tensor.
 
 Sentences come from the arguments, or one per line from standard input when none is given.
-Requests carry length-sorted batches (`translate_all`), so the server pads little; each
+Requests carry length-sorted batches (`translate_all`), so the server pads little (when
+standard input pauses for 0.2 s, what it gave is sent at once: lines typed, or written one
+at a time by another program, are translated as they come); each
 translation is printed on its own line, in input order (with `--json`, one JSON object per
 line with `translation`, `score`, `length`, `truncated` and `unfinished`). A request the
 server cannot take now (its batching queue full: UNAVAILABLE, HTTP 503; RESOURCE_EXHAUSTED,
@@ -36,6 +38,7 @@ import http.client
 import json
 import os
 import re
+import select
 import sys
 import time
 import urllib.error
@@ -53,6 +56,11 @@ OUTPUT_NAMES = ("translation", "score", "length")
 # (CTranslate2's read buffer, Marian's maxi-batch): similar lengths share a request, so the
 # server's batch pads little; output still comes in input order, a buffer at a time.
 SORT_BUFFER_BATCHES = 16
+# Yielded by `stdin_lines` when no more input has come for `IDLE_SECONDS`: `translate_all`
+# sends what it has read instead of waiting for a full read-ahead buffer (a user typing, or
+# a program writing one line and waiting for its translation).
+IDLE = object()
+IDLE_SECONDS = 0.2
 
 
 # HTTP statuses TF Serving gives errors worth sending again: UNAVAILABLE (its batching queue
@@ -232,7 +240,8 @@ def translate_all(sentences, predict, batch_size=64, sort_buffer_batches=SORT_BU
     Reads `batch_size * sort_buffer_batches` sentences, sorts them by UTF-8 length, sends
     them `batch_size` per request through `predict(batch, **predict_kwargs)` (with up to
     `retries` retries: `predict_with_retries`), and yields the buffer's results in the
-    original order before reading the next buffer. A request the server refuses for having
+    original order before reading the next buffer; an `IDLE` item (the input paused, see
+    `stdin_lines`) sends the sentences read so far at once. A request the server refuses for having
     more sentences than its `max_batch_size` is sent again in requests of that size, as are
     all later ones (said once on stderr).
 
@@ -253,7 +262,15 @@ def translate_all(sentences, predict, batch_size=64, sort_buffer_batches=SORT_BU
     batch_size = max(int(batch_size), 1)
     iterator = iter(sentences)
     while True:
-        buffer = [s for _, s in zip(range(batch_size * sort_buffer_batches), iterator)]
+        buffer = []
+        for sentence in iterator:
+            if sentence is IDLE:  # the input paused: send what it gave
+                if buffer:
+                    break
+                continue
+            buffer.append(sentence)
+            if len(buffer) == batch_size * sort_buffer_batches:
+                break
         if not buffer:
             return
         order = sorted(range(len(buffer)), key=lambda i: len(buffer[i].encode("utf-8")))
@@ -279,17 +296,46 @@ def translate_all(sentences, predict, batch_size=64, sort_buffer_batches=SORT_BU
         yield from results
 
 
-def _stdin_lines(stream):
+def _line_text(line, first):
+    if first and line.startswith(b"\xef\xbb\xbf"):  # a byte order mark
+        line = line[3:]
+    if line.endswith(b"\r"):
+        line = line[:-1]
+    return line.decode("utf-8", errors="replace")
+
+
+def stdin_lines(stream, idle_seconds=IDLE_SECONDS):
     """The lines of a binary stream, one at a time, without "\n" or "\r\n"; invalid UTF-8
-    replaced. Only "\n" ends a line (Unicode separators stay inside their sentence)."""
-    for number, line in enumerate(stream):
-        if number == 0 and line.startswith(b"\xef\xbb\xbf"):  # a byte order mark
-            line = line[3:]
-        if line.endswith(b"\n"):
-            line = line[:-1]
-        if line.endswith(b"\r"):
-            line = line[:-1]
-        yield line.decode("utf-8", errors="replace")
+    replaced. Only "\n" ends a line (Unicode separators stay inside their sentence).
+
+    Read from its file descriptor where it has one (POSIX): when no input comes for
+    `idle_seconds`, `IDLE` is yielded once, so lines typed or written one at a time are
+    translated as they come. Other streams are read line by line.
+    """
+    try:
+        descriptor = stream.fileno()
+    except (AttributeError, OSError, ValueError):
+        descriptor = None
+    if descriptor is None or os.name != "posix":
+        for number, line in enumerate(stream):
+            yield _line_text(line[:-1] if line.endswith(b"\n") else line, number == 0)
+        return
+    pending, number, idle = b"", 0, False
+    while True:
+        if not idle and not select.select([descriptor], [], [], idle_seconds)[0]:
+            idle = True
+            yield IDLE
+            continue
+        chunk = os.read(descriptor, 1 << 16)
+        idle = False
+        if not chunk:
+            break
+        *lines, pending = (pending + chunk).split(b"\n")
+        for line in lines:
+            yield _line_text(line, number == 0)
+            number += 1
+    if pending:
+        yield _line_text(pending, number == 0)
 
 
 def _positive(text):
@@ -348,7 +394,7 @@ def main(argv=None):
     sentences = [s.encode("utf-8", "surrogateescape").decode("utf-8", errors="replace")
                  for s in args.sentences]
     if not sentences:
-        sentences = _stdin_lines(sys.stdin.buffer)  # read as it is translated
+        sentences = stdin_lines(sys.stdin.buffer)  # read as it is translated
     # UTF-8 output whatever the locale (a C locale would fail on the first umlaut).
     sys.stdout.reconfigure(encoding="utf-8")
     predict = predict_grpc if args.grpc else predict_rest

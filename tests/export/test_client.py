@@ -303,6 +303,46 @@ def test_stdin_is_translated_as_it_is_read(monkeypatch, capsys):
         [f"SENTENCE {i}" for i in range(count)] + ["CAF\ufffd"])
 
 
+@pytest.mark.skipif(os.name != "posix", reason="select() on a pipe: POSIX")
+@pytest.mark.timeout(60)
+def test_a_line_typed_into_stdin_is_translated_before_the_next_one(monkeypatch, capsys):
+    # `(echo "A dog runs."; sleep 8; echo ...) | client.py` printed nothing for 8 s: it
+    # waited for 16 requests' worth of lines (--batch-size 1 too) before sending any.
+    import threading
+
+    client = _load_client()
+    read_end, write_end = os.pipe()
+    requests = []
+
+    def fake_predict(batch, **unused):
+        requests.append(list(batch))
+        return [{"translation": s.upper(), "score": -1.0, "length": 1} for s in batch]
+
+    monkeypatch.setattr(client, "predict_rest", fake_predict)
+    stdin = os.fdopen(read_end, "rb")
+    monkeypatch.setattr(sys, "stdin", type("S", (), {"buffer": stdin})())
+    codes = []
+    thread = threading.Thread(target=lambda: codes.append(client.main([])), daemon=True)
+    thread.start()
+    try:
+        os.write(write_end, "\ufeffA dog runs.\r\nTwo men".encode())
+        for _ in range(100):  # the first line is sent while the input stays open
+            if requests:
+                break
+            thread.join(0.05)
+        sent_early = list(requests)
+        os.write(write_end, b" talk.\nA cat\xe9.\n")
+    finally:
+        os.close(write_end)  # the end of the input, whatever happened
+    thread.join(30)
+    stdin.close()
+    assert sent_early == [["A dog runs."]]
+    assert codes == [0]
+    assert [sorted(batch) for batch in requests[1:]] == [["A cat\ufffd.", "Two men talk."]]
+    assert capsys.readouterr().out.split("\n")[:-1] == [
+        "A DOG RUNS.", "TWO MEN TALK.", "A CAT\ufffd."]
+
+
 def test_a_request_above_the_servers_max_batch_size_is_sent_in_smaller_ones(capsys):
     # TF Serving refuses a request of more sentences than its max_batch_size (HTTP 400,
     # "Task size N is larger than maximum input batch size M"): the client sends that many
