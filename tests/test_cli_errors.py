@@ -423,3 +423,18 @@ def test_several_workers_without_a_preset_or_config_are_refused(tmp_path, monkey
     _refused(["train", "--output", str(tmp_path / "run"), "--epochs", "2"],
              "--preset", "--config", "every worker")
     assert not (tmp_path / "run").exists()
+
+
+def test_exporting_a_run_directory_that_does_not_exist_says_so(tmp_path):
+    # `export --model runs/nope` said "No best model in runs/nope (looked for ...)", as if
+    # the run were there without its model.
+    from keras_transformer.export.run import model_path
+
+    with pytest.raises(FileNotFoundError, match=r"nope: no such run directory"):
+        model_path(tmp_path / "nope")
+    (tmp_path / "a_file").write_text("")
+    with pytest.raises(FileNotFoundError, match=r"a_file is a file, not a run directory"):
+        model_path(tmp_path / "a_file")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(FileNotFoundError, match=r"No best model in .*empty"):
+        model_path(tmp_path / "empty")

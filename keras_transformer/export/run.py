@@ -35,6 +35,11 @@ def model_path(run_dir, checkpoint="best"):
         "last": [run_dir / "checkpoints" / "last.keras"],
         "averaged": [run_dir / "checkpoints" / "averaged.keras"],
     }[checkpoint]
+    if not run_dir.is_dir():
+        raise FileNotFoundError(
+            f"{run_dir}: no such run directory (train one with `keras-transformer train "
+            f"--output {run_dir}`)." if not run_dir.exists() else
+            f"{run_dir} is a file, not a run directory from `keras-transformer train`.")
     for path in candidates:
         if path.is_file():
             if checkpoint == "averaged":

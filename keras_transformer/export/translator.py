@@ -230,8 +230,7 @@ class DecodingConfig:
                 f"jit_max_rows={self.jit_max_rows} is below beam_size={self.beam_size}, the "
                 "rows one sentence decodes: beam search would never take the XLA search. "
                 f"Set jit_max_rows to at least {self.beam_size} (export --jit-max-rows), or "
-                "None for every batch size."
-            )
+                "None for every batch size (export --jit-max-rows 0).")
 
 
 def _check_vocabularies(parts, source_tokenizer, target_tokenizer):
