@@ -99,7 +99,12 @@ def _data_overrides(args, set_languages=(None, None), config_languages=(None, No
             files["validation"] = _split_files(args.valid, "--valid")
         from keras_transformer.data.sources import VALIDATION_NAMES, check_file_directions
 
-        for test in args.test or []:
+        for words in args.test or []:
+            if len(words) != 1:  # `--test NAME=SRC TGT`, as --train takes its files
+                raise SystemExit(
+                    f"--test takes one value, its files joined by a comma: --test "
+                    f"{','.join(words)} (got {len(words)} words: {' '.join(words)}).")
+            test = words[0]
             name, equals, paths = test.partition("=")
             if not equals or not name:
                 raise SystemExit(f"--test expects NAME=SRC,TGT or NAME=TSV, got {test!r}.")
@@ -748,7 +753,7 @@ def build_parser():
                        help="training data: SRC TGT parallel files or one TSV file (.gz ok)")
     train.add_argument("--valid", nargs="+", metavar="FILE",
                        help="validation data, as --train")
-    train.add_argument("--test", action="append", metavar="NAME=SRC,TGT",
+    train.add_argument("--test", action="append", nargs="+", metavar="NAME=SRC,TGT",
                        help="a named test set for `evaluate --split NAME` (NAME=TSV for TSV);"
                        " repeatable")
     train.add_argument("--source-lang", help="source language code (default: from the file "

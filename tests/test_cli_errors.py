@@ -438,3 +438,14 @@ def test_exporting_a_run_directory_that_does_not_exist_says_so(tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(FileNotFoundError, match=r"No best model in .*empty"):
         model_path(tmp_path / "empty")
+
+
+def test_a_test_set_given_as_two_words_is_told_the_comma(tmp_path):
+    # `--test news=test.fr test.en` (as --train takes its files) failed with argparse's
+    # "unrecognized arguments: test.en".
+    f = _corpus(tmp_path)
+    base = ["train", "--preset", "tiny", "--output", str(tmp_path / "run"),
+            "--train", f("train.fr"), f("train.en")]
+    _refused(base + ["--test", f"news={f('test.fr')}", f("test.en")],
+             f"--test news={f('test.fr')},{f('test.en')}", "comma")
+    assert not (tmp_path / "run").exists()
