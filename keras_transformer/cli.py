@@ -490,12 +490,12 @@ def cmd_translate(args):
         out = sys.stdout
         if hasattr(out, "reconfigure"):
             out.reconfigure(encoding="utf-8")  # a C locale would fail on the first umlaut
-    lines, cut, unfinished = 0, [], []
+    lines, cut, unfinished, not_utf8 = 0, [], [], []
     try:
         # Batches are sorted by length within a read-ahead buffer; lines come out in input
         # order as each buffer finishes.
         for result in translator.translate_stream(
-                iter_lines(args.input), batch_size=args.batch_size,
+                iter_lines(args.input, replaced=not_utf8), batch_size=args.batch_size,
                 on_batch=progress.update if progress else None):
             # One line per input line: a line break the model emitted (SentencePiece's
             # byte pieces <0x0A>, <0x0D>) would move every later line.
@@ -528,6 +528,12 @@ def cmd_translate(args):
         if args.output:
             out.close()
     _report_cut_lines(translator.path, cut, lines, unfinished)  # the version translating
+    if not_utf8:
+        shown = ", ".join(map(str, not_utf8[:20])) + (", ..." if len(not_utf8) > 20 else "")
+        print(f"{len(not_utf8)} of {lines} input lines held bytes that are not UTF-8, "
+              f"translated with U+FFFD in their place: {shown}. If the file is in another "
+              "encoding, convert it first (`file -i FILE`, then `iconv -f ENCODING -t utf-8`).",
+              file=sys.stderr, flush=True)
 
 
 def _report_cut_lines(export, cut, lines, unfinished=()):

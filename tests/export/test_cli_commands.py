@@ -455,3 +455,22 @@ def test_translate_names_the_cut_lines_with_the_settings_of_the_version_it_used(
               str(tmp_path / "out.txt")])
     error = capsys.readouterr().err
     assert "1 of 1 lines were longer than the export's max_input_length (its tokens)" in error
+
+
+def test_translate_says_which_lines_were_not_utf8(tmp_path, monkeypatch, capsys):
+    # A whole file in cp1251 was translated as replacement characters into fluent nonsense,
+    # exit code 0, nothing said (cut and unfinished lines are reported; these were not).
+    from keras_transformer.export import inference
+
+    monkeypatch.setattr(inference, "ExportedTranslator", _Upper)
+    source = tmp_path / "in.ru"
+    source.write_bytes("Наш сосед\n".encode("cp1251") + "ok\n".encode() +
+                       "Дом\n".encode("cp1251"))
+    cli.main(["translate", "--export", "e", "--input", str(source)])
+    captured = capsys.readouterr()
+    assert captured.out.count("\n") == 3
+    assert "2 of 3 input lines" in captured.err and "not UTF-8" in captured.err
+    assert "1, 3" in captured.err and "iconv" in captured.err
+    source.write_text("ok\nда\n", encoding="utf-8")
+    cli.main(["translate", "--export", "e", "--input", str(source)])
+    assert "UTF-8" not in capsys.readouterr().err
