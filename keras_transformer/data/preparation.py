@@ -90,9 +90,12 @@ class DataReport:
     def __str__(self):
         lines = [f"Data: {self.source['data']} {self.source['source_lang']}->"
                  f"{self.source['target_lang']}"]
+        subset = (self.fingerprint or {}).get("train_subset")
         for split, counts in self.splits.items():
             lines.append(f"  {split}: {SplitReport(**counts)}; "
-                         f"{self.batches[split]:,} batches per pass")
+                         f"{self.batches[split]:,} batches per pass"
+                         + (f"; the first {subset:,} kept pairs only (train_subset): the rest "
+                            "of the data is not read" if subset and split == "train" else ""))
         return "\n".join(lines)
 
     def save(self, path):

@@ -283,3 +283,21 @@ def test_a_report_counted_under_older_reading_rules_is_counted_again(toy_corpus,
     again = prepare_data_report(source, config, toy_tokenizer, toy_tokenizer, tmp_path,
                                 resuming=True)
     assert again.splits == report.splits
+
+
+def test_the_report_of_a_train_subset_says_the_rest_was_not_read():
+    # `--preset tiny` reads 1,000 pairs of a 1,500-pair corpus: the report said "1,003 pairs
+    # read, 1,000 kept", and nothing of the 500 pairs never read.
+    from keras_transformer.data.preparation import DataReport
+    from keras_transformer.data.readers import SplitReport
+
+    counts = SplitReport(origin="train.tsv", read=1003, kept=1000).to_dict()
+    source = {"data": "tsv", "source_lang": "en", "target_lang": "ru"}
+    report = DataReport(source=source, splits={"train": counts, "validation": counts},
+                        batches={"train": 125, "validation": 10},
+                        fingerprint={"train_subset": 1000}, digests={})
+    train_line, validation_line = str(report).splitlines()[1:]
+    assert "first 1,000 kept pairs only (train_subset)" in train_line
+    assert "train_subset" not in validation_line
+    report.fingerprint = {"train_subset": None}
+    assert "train_subset" not in str(report)
