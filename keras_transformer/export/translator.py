@@ -260,6 +260,9 @@ SEED_SPEC = tf.TensorSpec([None], tf.int64, name="seed")
 # widths rounded up to a multiple of this bound the compilations (a sentence of 1 to 8
 # pieces shares one) at the cost of a few masked source positions.
 JIT_WIDTH_MULTIPLE = 8
+# Bytes of source text kept per piece of max_input_length before tokenizing: SentencePiece's
+# pieces hold at most 16 characters (max_sentencepiece_length) of at most 4 bytes.
+MAX_BYTES_PER_PIECE = 64
 
 
 def padded_width(lengths, multiple=1, limit=None):
@@ -475,9 +478,18 @@ class Translator(tf.Module):
             )
             with tf.control_dependencies([check]):
                 seeds = tf.identity(seeds)
+        # Bytes past what max_input_length pieces can hold are not tokenized (a 5 MB request
+        # took 1.3 s to keep its first pieces): a piece holds at most 16 characters
+        # (SentencePiece's max_sentencepiece_length), 64 bytes. The cut may split a
+        # character: UTF-8 is made whole again (the split one replaced) on the cut part only.
+        max_bytes = config.max_input_length * MAX_BYTES_PER_PIECE
+        oversized = tf.strings.length(text) > max_bytes
+        cut = tf.strings.unicode_transcode(tf.strings.substr(text, 0, max_bytes), "UTF-8",
+                                           "UTF-8", errors="replace")
+        text = tf.where(oversized, cut, text)
         pieces = self.source_tokenizer.tokenize(text)  # ragged (B, None), nothing cut
         # A source longer than max_input_length (END included) is cut to it: flagged.
-        truncated = pieces.row_lengths() + 1 > config.max_input_length
+        truncated = (pieces.row_lengths() + 1 > config.max_input_length) | oversized
         source = SubwordTokenizer.add_special_tokens(
             pieces, max_length=config.max_input_length, add_end=True
         )  # ragged (B, None), END last

@@ -734,3 +734,31 @@ def test_translator_takes_a_list_of_sentences_and_a_decoding_config(small_tokeni
     assert len(translator([b"ka lo", "mi"])) == 2
     with pytest.raises(TypeError, match="DecodingConfig"):
         Translator(model, small_tokenizer, small_tokenizer, {"beam_size": 4})
+
+
+@pytest.mark.slow
+def test_a_huge_source_is_cut_before_it_is_tokenized(copy_task, monkeypatch):
+    # A 5 MB request was tokenized whole (1.3 s holding a batch thread) to keep 24 pieces.
+    translator = copy_task.translator(search="greedy")
+    seen = tf.Variable(0, dtype=tf.int32)
+    tokenize = translator.source_tokenizer.tokenize
+
+    def spy(text):
+        seen.assign(tf.maximum(seen, tf.reduce_max(tf.strings.length(text))))
+        return tokenize(text)
+
+    # The tokenizer is the copy task's, shared by every test: undone after this one.
+    monkeypatch.setattr(translator.source_tokenizer, "tokenize", spy)
+    head = "bal dor fen gim hut sel tam vin " * 8  # more than max_input_length pieces
+    huge = head + "ka lo " * 200_000
+    result = translator.translate(tf.constant([huge, head, "ka lo"], tf.string))
+    cap = DECODING["max_input_length"] * 64  # bytes: 16 characters of 4 bytes a piece
+    assert 0 < seen.numpy() <= cap
+    assert result["truncated"].numpy().tolist() == [True, True, False]
+    translations = result["translation"].numpy().tolist()
+    assert translations[0] == translations[1]  # the pieces kept are the same
+    # A cut inside a multi-byte character does not spoil the sentence.
+    euros = translator.translate(tf.constant(["a" + "€" * cap, "a" + "€" * ((cap - 1) // 3)],
+                                             tf.string))  # 1 + 3 n bytes: the cap splits one
+    assert euros["translation"].numpy()[0] == euros["translation"].numpy()[1]
+    assert euros["truncated"].numpy().tolist() == [True, True]
