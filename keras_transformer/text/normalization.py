@@ -10,7 +10,9 @@ reads a model's) is:
 
 1. Unicode NFKC: compatibility characters are folded (`"ﬁ"` -> `"fi"`, full-width
    `"Ｆ"` -> `"F"`, `"½"` -> `"1⁄2"`), composed characters stay composed.
-2. NMT rules on top of NFKC: control characters (e.g. `"\\x07"`) are removed, every
+2. NMT rules on top of NFKC: control characters (e.g. `"\\x07"`) are removed, except NUL
+   (`"\\x00"`, kept, and tokenized as the byte piece `<0x00>`: in training text and in an
+   export's input alike, and a sentence of NUL bytes alone translates to `""`), every
    whitespace variant (tab, newline, no-break space, ideographic space, zero-width space)
    and the replacement character U+FFFD (what invalid UTF-8 bytes become) turn into an
    ASCII space.
