@@ -94,7 +94,8 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                 values = inputs[INPUT_NAME] if isinstance(inputs, dict) else inputs
             else:
                 raise ValueError("Missing 'instances' or 'inputs' key")
-            texts = tf.constant([_decode_value(v) for v in values], tf.string)
+            texts = tf.constant(_decode_value(values) if isinstance(values, (str, dict))
+                                else [_decode_value(v) for v in values], tf.string)
             with self.server.lock:  # one model call at a time, like a single session
                 outputs = self.server.signatures[signature](**{INPUT_NAME: texts})
             columns = {key: [_to_json(v) for v in tensor.numpy().tolist()]

@@ -84,6 +84,10 @@ def test_stub_speaks_the_tf_serving_formats(server):
     assert columns["outputs"]["translation"] == [rows["predictions"][0]["translation"]]
     status, error = post({"signature_name": "nope", "instances": ["ka"]})
     assert status == 400 and "nope" in error["error"]
+    # A scalar is one string, refused by the graph's shape check (the stub had iterated it:
+    # 5 results for "ka lo", one per character).
+    status, error = post({"signature_name": "translate", "inputs": "ka lo"})
+    assert status == 400 and "compatible with expected shape" in error["error"]
 
 
 @pytest.mark.slow
