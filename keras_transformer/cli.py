@@ -632,6 +632,12 @@ def _evaluation_pairs(args, metadata):
         from keras_transformer.export.inference import read_export_metadata
 
         sources, references = _read_parallel(args.src, args.ref)
+        if sources and all(line.count("\t") == 1 for line in sources if line.strip()):
+            raise SystemExit(
+                f"Every line of --src {args.src} holds one tab: a TSV file (source<TAB>target)"
+                ", which would be translated with its reference inside. Give the two columns "
+                f"as two files: cut -f1 {args.src} > src.txt; cut -f2 {args.src} > ref.txt, "
+                "then --src src.txt --ref ref.txt.")
         metadata = read_export_metadata(args.export)
         direction = _recorded_direction(metadata)
         _check_languages(args, direction)

@@ -449,3 +449,19 @@ def test_a_test_set_given_as_two_words_is_told_the_comma(tmp_path):
     _refused(base + ["--test", f"news={f('test.fr')}", f("test.en")],
              f"--test news={f('test.fr')},{f('test.en')}", "comma")
     assert not (tmp_path / "run").exists()
+
+
+def test_evaluate_refuses_a_tsv_given_as_its_source(tmp_path, monkeypatch):
+    # `evaluate --src test.tsv --ref test.tsv` translated "source<TAB>reference" lines and
+    # scored them: the reference was in the model's input, and nothing was said.
+    from keras_transformer import cli
+
+    tsv = tmp_path / "test.tsv"
+    tsv.write_text("un chien\ta dog\nune maison\ta house\n", encoding="utf-8")
+    monkeypatch.setattr(cli, "_read_parallel", lambda src, ref: (
+        ["un chien\ta dog", "une maison\ta house"], ["un chien\ta dog", "une maison\ta house"]))
+    args = cli.build_parser().parse_args(["evaluate", "--export", str(tmp_path),
+                                          "--src", str(tsv), "--ref", str(tsv)])
+    with pytest.raises(SystemExit) as error:
+        cli._evaluation_pairs(args, {})
+    assert "TSV" in str(error.value) and "cut -f1" in str(error.value)
