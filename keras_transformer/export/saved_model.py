@@ -80,7 +80,7 @@ def export_translator(translator, base_dir, version=None, metadata=None):
     `translate_seeded(text, seed)` (see `Translator`). The tokenizer models are SavedModel
     assets; `assets.extra/translator.json` records the decoding settings and `metadata`, and
     `assets.extra/tf_serving_warmup_requests` holds requests TF Serving replays when it loads
-    the version (`keras_transformer.export.warmup`).
+    the version (`keras_transformer.export.warmup`; not for a `jit_compile` translator).
 
     Args:
         translator: a `Translator`.
@@ -118,8 +118,9 @@ def export_translator(translator, base_dir, version=None, metadata=None):
             **(metadata or {}),
         }
         (extra / "translator.json").write_text(json.dumps(record, indent=2, default=str))
-        write_warmup_requests(extra / WARMUP_FILENAME,
-                              text_signatures(translator.signatures()))
+        if not translator.config.jit_compile:  # see `keras_transformer.export.warmup`
+            write_warmup_requests(extra / WARMUP_FILENAME,
+                                  text_signatures(translator.signatures()))
         try:
             os.replace(staging, final)
         except OSError as error:

@@ -2,8 +2,9 @@
 
 TF Serving reads `assets.extra/tf_serving_warmup_requests` (a TFRecord file of
 `tensorflow.serving.PredictionLog` protos) and runs every request before the version takes
-traffic, so the first users do not pay for graph optimization, or with `--jit` for XLA
-compilation of the shapes warmed. The protos are written here by hand (protobuf's wire
+traffic, so the first users do not pay for graph optimization. A `--jit` export gets none
+(`export_translator`): on a server without `--xla_cpu_compilation_enabled=true` its small
+batches fail, and a failed warm-up request makes TF Serving refuse to load the version. The protos are written here by hand (protobuf's wire
 format: a handful of length-delimited fields), so exporting needs no `tensorflow-serving-api`;
 the tests parse the file with that package's own classes.
 """
@@ -13,13 +14,13 @@ import tensorflow as tf
 
 # The file's name and place, as TF Serving looks for it.
 WARMUP_FILENAME = "tf_serving_warmup_requests"
-# Batches replayed for each signature that takes text: one short sentence (a user's single
-# request), one longer, and a batch of eight.
+# Requests replayed for each signature that takes text: one short sentence (a user's single
+# request) and one longer. One sentence a request: TF Serving refuses a version whose warm-up
+# request fails, as a batch above a server's `max_batch_size` would.
 WARMUP_BATCHES = (
     ("A warm-up request.",),
     ("A longer warm-up request, of about twenty words, so that the server also runs a wider "
      "batch of pieces before it takes traffic.",),
-    tuple(f"Warm-up request number {i} of a batch." for i in range(8)),
 )
 
 

@@ -1,5 +1,7 @@
 """`keras_transformer.export.op_check`: stock TF Serving can run every op of an export."""
 
+import pathlib
+
 import pytest
 import tensorflow as tf
 
@@ -112,6 +114,11 @@ def test_default_export_has_no_xla_op_and_jit_export_passes_the_check(copy_task,
     plain = check_export(default, releases=[TF_SERVING_VERSION], core_and_text=core_and_text)
     assert not plain.xla_functions
     assert plain.summary().splitlines()[-1] == "OK for stock TF Serving"
+    # TF Serving refuses a version whose warm-up request fails, and a `--jit` export's
+    # small batches fail on a server without the XLA flag: such an export carries no
+    # warm-up file, where the default export carries one.
+    warmup = pathlib.Path("assets.extra") / "tf_serving_warmup_requests"
+    assert (default / warmup).is_file() and not (jit / warmup).exists()
 
 
 def test_an_op_missing_in_the_compared_release_fails_the_check():
