@@ -486,10 +486,20 @@ class Translator(tf.Module):
         oversized = tf.strings.length(text) > max_bytes
         cut = tf.strings.unicode_transcode(tf.strings.substr(text, 0, max_bytes), "UTF-8",
                                            "UTF-8", errors="replace")
-        text = tf.where(oversized, cut, text)
-        pieces = self.source_tokenizer.tokenize(text)  # ragged (B, None), nothing cut
+        cut = tf.where(oversized, cut, text)
+        pieces = self.source_tokenizer.tokenize(cut)  # ragged (B, None)
+        # Bytes the normalization removes (whitespace runs, zero-width characters) make no
+        # pieces: a cut that kept fewer than twice max_input_length pieces may have lost
+        # some of the first ones, and that source is tokenized whole. Past twice the bound,
+        # what the cut changes (the segmentation of its last word) is far from the pieces
+        # kept.
+        whole = oversized & (pieces.row_lengths() < 2 * config.max_input_length)
+        pieces = tf.cond(tf.reduce_any(whole),
+                         lambda: self.source_tokenizer.tokenize(tf.where(whole, text, cut)),
+                         lambda: pieces)
         # A source longer than max_input_length (END included) is cut to it: flagged.
-        truncated = (pieces.row_lengths() + 1 > config.max_input_length) | oversized
+        truncated = pieces.row_lengths() + 1 > config.max_input_length
+        text = tf.where(whole, text, cut)  # what was tokenized, for the test of no text below
         source = SubwordTokenizer.add_special_tokens(
             pieces, max_length=config.max_input_length, add_end=True
         )  # ragged (B, None), END last

@@ -762,3 +762,13 @@ def test_a_huge_source_is_cut_before_it_is_tokenized(copy_task, monkeypatch):
                                              tf.string))  # 1 + 3 n bytes: the cap splits one
     assert euros["translation"].numpy()[0] == euros["translation"].numpy()[1]
     assert euros["truncated"].numpy().tolist() == [True, True]
+    # Bytes the normalization removes (whitespace runs, zero-width spaces) are no pieces: a
+    # long source of few pieces is tokenized whole, not cut (the cut kept "ka ka ka").
+    spaced = ("ka" + " " * 3000) * 3 + "lo mi"
+    zero_width = ("ka" + "\u200b" * 3000) + " lo mi"
+    blank_first = " " * (2 * cap) + "ka lo mi"  # the cut part alone has no text
+    result = translator.translate(tf.constant(
+        [spaced, zero_width, blank_first, "ka ka ka lo mi", "ka lo mi", "ka lo mi"], tf.string))
+    translations = result["translation"].numpy().tolist()
+    assert translations[:3] == translations[3:] and translations[2]
+    assert result["truncated"].numpy().tolist() == [False] * 6
