@@ -20,8 +20,8 @@ tensor.
 
 Sentences come from the arguments, or one per line from standard input when none is given.
 Requests carry length-sorted batches (`translate_all`), so the server pads little (when
-standard input pauses for 0.2 s, what it gave is sent at once: lines typed, or written one
-at a time by another program, are translated as they come); each
+standard input pauses for 0.2 s, what it gave is sent at once, on POSIX systems: lines
+typed, or written one at a time by another program, are translated as they come); each
 translation is printed on its own line, in input order (with `--json`, one JSON object per
 line with `translation`, `score`, `length`, `truncated` and `unfinished`). A request the
 server cannot take now (its batching queue full: UNAVAILABLE, HTTP 503; RESOURCE_EXHAUSTED,
@@ -320,7 +320,7 @@ def stdin_lines(stream, idle_seconds=IDLE_SECONDS):
         for number, line in enumerate(stream):
             yield _line_text(line[:-1] if line.endswith(b"\n") else line, number == 0)
         return
-    pending, number, idle = b"", 0, False
+    pending, number, idle = [], 0, False  # the unfinished line's chunks, joined once
     while True:
         if not idle and not select.select([descriptor], [], [], idle_seconds)[0]:
             idle = True
@@ -330,12 +330,17 @@ def stdin_lines(stream, idle_seconds=IDLE_SECONDS):
         idle = False
         if not chunk:
             break
-        *lines, pending = (pending + chunk).split(b"\n")
+        first, *lines = chunk.split(b"\n")
+        pending.append(first)
+        if not lines:  # a line longer than one read
+            continue
+        lines[:0] = [b"".join(pending)]
+        pending = [lines.pop()]
         for line in lines:
             yield _line_text(line, number == 0)
             number += 1
-    if pending:
-        yield _line_text(pending, number == 0)
+    if any(pending):
+        yield _line_text(b"".join(pending), number == 0)
 
 
 def _positive(text):
