@@ -162,10 +162,7 @@ class PositionalEmbedding(keras.layers.Layer):
         if self.scale_embeddings:
             tokens = tokens * ops.cast(math.sqrt(self.d_model), tokens.dtype)
         if self.learned_positions:
-            start = ops.cast(masking.checked_position(
-                start_index, lambda start: start + length <= self.max_length,
-                lambda start: ["Positions ", start, " .. ", start + length - 1, " are ",
-                               self._past_table_message()]), "int32")
+            start = ops.cast(self._checked_start(start_index, length), "int32")
             positions = ops.slice(
                 self.position_embeddings, [start, ops.zeros((), "int32")], [length, self.d_model]
             )
@@ -190,6 +187,14 @@ class PositionalEmbedding(keras.layers.Layer):
             )
         masking.check_integer_position("start_index", start_index)
 
+    def _checked_start(self, start_index, length):
+        """`start_index`, refused when `length` positions from it pass the learned table
+        (`masking.checked_position`)."""
+        return masking.checked_position(
+            start_index, lambda start: start + length <= self.max_length,
+            lambda start: ["Positions ", start, " .. ", start + length - 1, " are ",
+                           self._past_table_message()])
+
     def _past_table_message(self):
         return (f"past the learned position table of {self.name} "
                 f"(max_length={self.max_length}): shorten the inputs or build the layer with a "
@@ -212,6 +217,8 @@ class PositionalEmbedding(keras.layers.Layer):
             shape = tuple(inputs.shape[:-1]) + (self.vocab_size,)
         else:
             self._check_token_ids(inputs, start_index)
+            if self.learned_positions and inputs.shape[-1] is not None:
+                self._checked_start(start_index, inputs.shape[-1])
             shape = tuple(inputs.shape) + (self.d_model,)
         return keras.KerasTensor(shape, dtype=self.compute_dtype)
 

@@ -358,3 +358,13 @@ def test_position_checks_refuse_before_running_or_when_the_graph_runs():
     assert int(bound_known_when_running(tf.constant(3))) == 2
     with pytest.raises(tf.errors.InvalidArgumentError, match="position.*2.*is past"):
         bound_known_when_running(tf.constant(2))
+
+
+def test_learned_positions_past_the_table_are_refused_when_a_functional_model_is_built():
+    # The check moved into `call`, which building a functional model does not run: the
+    # model was built and failed on its first batch.
+    embedding = PositionalEmbedding(10, 8, max_length=4, learned_positions=True)
+    with pytest.raises(ValueError, match=r"Positions 0 \.\. 5 are past.*max_length=4"):
+        embedding(keras.Input((6,), dtype="int32"))
+    assert embedding(keras.Input((4,), dtype="int32")).shape == (None, 4, 8)
+    assert embedding(keras.Input((None,), dtype="int32")).shape == (None, None, 8)
