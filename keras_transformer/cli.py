@@ -101,6 +101,10 @@ def _data_overrides(args, set_languages=(None, None), config_languages=(None, No
 
         for words in args.test or []:
             if len(words) != 1:  # `--test NAME=SRC TGT`, as --train takes its files
+                if sum("=" in word for word in words) > 1:
+                    raise SystemExit(
+                        f"--test takes one test set: give each its own --test (--test "
+                        f"{' --test '.join(words)}).")
                 raise SystemExit(
                     f"--test takes one value, its files joined by a comma: --test "
                     f"{','.join(words)} (got {len(words)} words: {' '.join(words)}).")
@@ -490,12 +494,19 @@ def cmd_translate(args):
         out = sys.stdout
         if hasattr(out, "reconfigure"):
             out.reconfigure(encoding="utf-8")  # a C locale would fail on the first umlaut
-    lines, cut, unfinished, not_utf8 = 0, [], [], []
+    lines, cut, unfinished = 0, [], []
+    not_utf8 = {"count": 0, "first": []}  # a 10-million-line file: a count, 20 numbers
+
+    def replaced(number):
+        not_utf8["count"] += 1
+        if len(not_utf8["first"]) < 20:
+            not_utf8["first"].append(number)
+
     try:
         # Batches are sorted by length within a read-ahead buffer; lines come out in input
         # order as each buffer finishes.
         for result in translator.translate_stream(
-                iter_lines(args.input, replaced=not_utf8), batch_size=args.batch_size,
+                iter_lines(args.input, on_replaced=replaced), batch_size=args.batch_size,
                 on_batch=progress.update if progress else None):
             # One line per input line: a line break the model emitted (SentencePiece's
             # byte pieces <0x0A>, <0x0D>) would move every later line.
@@ -528,9 +539,10 @@ def cmd_translate(args):
         if args.output:
             out.close()
     _report_cut_lines(translator.path, cut, lines, unfinished)  # the version translating
-    if not_utf8:
-        shown = ", ".join(map(str, not_utf8[:20])) + (", ..." if len(not_utf8) > 20 else "")
-        print(f"{len(not_utf8)} of {lines} input lines held bytes that are not UTF-8, "
+    if not_utf8["count"]:
+        shown = (", ".join(map(str, not_utf8["first"]))
+                 + (", ..." if not_utf8["count"] > 20 else ""))
+        print(f"{not_utf8['count']} of {lines} input lines held bytes that are not UTF-8, "
               f"translated with U+FFFD in their place: {shown}. If the file is in another "
               "encoding, convert it first (`file -i FILE`, then `iconv -f ENCODING -t utf-8`).",
               file=sys.stderr, flush=True)
@@ -632,7 +644,8 @@ def _evaluation_pairs(args, metadata):
         from keras_transformer.export.inference import read_export_metadata
 
         sources, references = _read_parallel(args.src, args.ref)
-        if sources and all(line.count("\t") == 1 for line in sources if line.strip()):
+        texts = [line for line in sources if line.strip()]
+        if len(texts) >= 2 and all(line.count("\t") == 1 for line in texts):
             raise SystemExit(
                 f"Every line of --src {args.src} holds one tab: a TSV file (source<TAB>target)"
                 ", which would be translated with its reference inside. Give the two columns "

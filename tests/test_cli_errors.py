@@ -448,6 +448,10 @@ def test_a_test_set_given_as_two_words_is_told_the_comma(tmp_path):
             "--train", f("train.fr"), f("train.en")]
     _refused(base + ["--test", f"news={f('test.fr')}", f("test.en")],
              f"--test news={f('test.fr')},{f('test.en')}", "comma")
+    # Two test sets after one --test: each its own --test, not one joined by a comma.
+    _refused(base + ["--test", f"news={f('test.fr')},{f('test.en')}",
+                     f"web={f('val.fr')},{f('val.en')}"],
+             f"--test news={f('test.fr')},{f('test.en')} --test web=")
     assert not (tmp_path / "run").exists()
 
 
@@ -465,3 +469,10 @@ def test_evaluate_refuses_a_tsv_given_as_its_source(tmp_path, monkeypatch):
     with pytest.raises(SystemExit) as error:
         cli._evaluation_pairs(args, {})
     assert "TSV" in str(error.value) and "cut -f1" in str(error.value)
+    # Blank lines alone, or one line holding a tab, are no TSV file: read on (here, to the
+    # export's missing record).
+    for sources in (["", "  "], ["un chien\ta dog"]):
+        monkeypatch.setattr(cli, "_read_parallel", lambda src, ref, s=sources: (s, s))
+        with pytest.raises((SystemExit, FileNotFoundError, OSError)) as error:
+            cli._evaluation_pairs(args, {})
+        assert "TSV" not in str(error.value)

@@ -95,7 +95,8 @@ class DataReport:
             lines.append(f"  {split}: {SplitReport(**counts)}; "
                          f"{self.batches[split]:,} batches per pass"
                          + (f"; the first {subset:,} kept pairs only (train_subset): the rest "
-                            "of the data is not read" if subset and split == "train" else ""))
+                            "of the data is not read" if subset and split == "train"
+                            and counts.get("kept", 0) >= subset else ""))
         return "\n".join(lines)
 
     def save(self, path):

@@ -284,7 +284,7 @@ def read_tsv(path, report, keep_all=False):
             tabs = line.count("\t")
             if tabs != 1:
                 ending = (" The line ends with a tab: remove the empty last column."
-                          if tabs > 1 and line.rstrip(" ").endswith("\t") else
+                          if tabs == 2 and line.rstrip(" ").endswith("\t") else
                           " A tab inside a sentence must be removed first.")
                 raise DataError(
                     f"{os.fspath(path)}:{number}: expected exactly one tab between source and "

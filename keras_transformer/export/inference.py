@@ -281,7 +281,7 @@ def read_lines(path_or_dash, strict=False):
     return list(iter_lines(path_or_dash, strict))
 
 
-def iter_lines(path_or_dash, strict=False, replaced=None):
+def iter_lines(path_or_dash, strict=False, on_replaced=None):
     """`read_lines` one line at a time, so a long file or a pipe is read as it is translated.
 
     Splitting the bytes at `b"\\n"` before decoding is safe: that byte never occurs inside a
@@ -290,8 +290,8 @@ def iter_lines(path_or_dash, strict=False, replaced=None):
     Args:
         path_or_dash: str or path-like, a file, or `"-"` for standard input.
         strict: bool, as in `read_lines`. Defaults to `False`.
-        replaced: list or None, where the 1-based numbers of lines whose bytes that are not
-            UTF-8 were replaced (not `strict`) are appended. Defaults to `None`.
+        on_replaced: callable or None, called with the 1-based number of each line whose
+            bytes that are not UTF-8 were replaced (not `strict`). Defaults to `None`.
 
     Yields:
         str, each line without its terminator (nor the first line a UTF-8 byte order mark).
@@ -300,16 +300,17 @@ def iter_lines(path_or_dash, strict=False, replaced=None):
         ValueError: `strict`, on a line that is not UTF-8.
     """
     if str(path_or_dash) == "-":
-        yield from _decoded_lines(sys.stdin.buffer, "<stdin>", strict, replaced)
+        yield from _decoded_lines(sys.stdin.buffer, "<stdin>", strict, on_replaced)
         return
     with open_binary(path_or_dash) as stream:
-        yield from _decoded_lines(stream, os.fspath(path_or_dash), strict, replaced)
+        yield from _decoded_lines(stream, os.fspath(path_or_dash), strict, on_replaced)
 
 
-def _decoded_lines(stream, name, strict=False, replaced=None):
+def _decoded_lines(stream, name, strict=False, on_replaced=None):
     """Lines of a byte stream as str; bytes that are not UTF-8 become U+FFFD, or with
     `strict` raise `ValueError` naming `name` (the stream's, for messages) and the line.
-    Line numbers with replaced bytes are appended to `replaced` (a list, or None).
+    `on_replaced` (a callable, or None) is called with the number of each line with
+    replaced bytes.
     UTF-16 text raises either way (`check_not_utf16`), told from the first line that is not
     empty (its byte order mark, or NULs beside its letters): a later line's stray NUL bytes
     are UTF-8, read as such, so one odd line does not stop a long translation half-way."""
@@ -331,8 +332,8 @@ def _decoded_lines(stream, name, strict=False, replaced=None):
         try:
             yield line.decode("utf-8")
         except UnicodeDecodeError:
-            if replaced is not None:
-                replaced.append(number + 1)
+            if on_replaced is not None:
+                on_replaced(number + 1)
             yield line.decode("utf-8", errors="replace")
 
 

@@ -301,3 +301,5 @@ def test_the_report_of_a_train_subset_says_the_rest_was_not_read():
     assert "train_subset" not in validation_line
     report.fingerprint = {"train_subset": None}
     assert "train_subset" not in str(report)
+    report.fingerprint = {"train_subset": 5000}  # more than the corpus holds: all was read
+    assert "train_subset" not in str(report)

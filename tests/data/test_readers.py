@@ -129,6 +129,9 @@ def test_tsv_line_ending_in_a_tab_is_told_it_has_an_empty_column(tmp_path):
     path = write_lines(tmp_path / "t.tsv", ["un\tone", "deux\ttwo\t"])
     with pytest.raises(DataError, match=rf"{path}:2: .*found 2.*ends with a tab"):
         list(read_tsv(path, SplitReport()))
+    path = write_lines(tmp_path / "u.tsv", ["un\tone\tdeux\t"])  # a column more than that
+    with pytest.raises(DataError, match=r"found 3\. A tab inside a sentence"):
+        list(read_tsv(path, SplitReport()))
 
 
 def test_tsv_written_with_csv_quoting_is_refused_not_trained_on_its_quotes(tmp_path):
