@@ -402,7 +402,7 @@ def shard_by_data(dataset):
     return dataset.with_options(options)
 
 
-def _fix_keras_multi_worker_logs():
+def fix_keras_multi_worker_logs():
     """Makes Keras 3's `fit` log scalar metrics under `MultiWorkerMirroredStrategy`.
 
     Keras (3.15) reduces every per-replica output of a train or test step with
@@ -432,6 +432,7 @@ def _fix_keras_multi_worker_logs():
         return original(values, strategy, reduction)
 
     reduce_per_replica._keras_transformer_fix = True
+    reduce_per_replica.__wrapped__ = original
     keras_tf_trainer.reduce_per_replica = reduce_per_replica
 
 
@@ -469,8 +470,9 @@ def select_strategy(name="auto", devices=None,
         A `tf.distribute.Strategy`.
 
     Raises:
-        ValueError: on an unknown `name`, `devices` given for another strategy, or a
-            `TF_CONFIG` task that does not train (`check_training_task`).
+        ValueError: on an unknown `name`, `devices` given for another strategy, a
+            `TF_CONFIG` task that does not train (`check_training_task`), or `"default"` /
+            `"mirrored"` where `TF_CONFIG` names several workers.
 
     Example:
 
@@ -487,6 +489,12 @@ def select_strategy(name="auto", devices=None,
         raise ValueError(f"`devices` is only used by 'mirrored'. Received: name={name!r}")
     if name in ("auto", "multi_worker"):
         check_training_task()
+    elif num_workers_from_tf_config() > 1:
+        raise ValueError(
+            f"TF_CONFIG names a cluster of {num_workers_from_tf_config()} workers, but the "
+            f"strategy {name!r} trains this process alone (each worker would train a run of "
+            "its own, into the same directory): use 'auto' or 'multi_worker', or unset "
+            "TF_CONFIG (and --workers) to train on one machine.")
     if name == "auto":
         num_workers = num_workers_from_tf_config()
         # Physical, not logical: listing logical devices would initialize the context
@@ -518,7 +526,7 @@ def select_strategy(name="auto", devices=None,
                 implementation=implementation
             )
         ), cluster_timeout_minutes)
-        _fix_keras_multi_worker_logs()
+        fix_keras_multi_worker_logs()
     else:
         if devices is None:
             devices = [d.name for d in tf.config.list_logical_devices("GPU")] or [

@@ -60,6 +60,7 @@ from keras_transformer.training.schedules import cooldown_steps
 from keras_transformer.training.strategy import (
     CLUSTER_TIMEOUT_MINUTES,
     WORKER_TEMP_PREFIX,
+    fix_keras_multi_worker_logs,
     gather_from_workers,
     is_chief,
     num_workers_from_tf_config,
@@ -796,6 +797,8 @@ def train(
                          f"Received: {make_translate_fn!r}")
     if isinstance(strategy, str):
         strategy = select_strategy(strategy, cluster_timeout_minutes=cluster_timeout_minutes)
+    else:  # a user's own (`MultiWorkerMirroredStrategy()`): Keras' scalar logs need the fix
+        fix_keras_multi_worker_logs()
     output_dir = pathlib.Path(output_dir)
     write_dir = worker_write_dir(output_dir, strategy)
     # The run sets Keras' global dtype policy to its precision while it builds its model; the
@@ -1110,9 +1113,11 @@ def warmup_warning(config, steps_per_epoch):
         return None
     share = before_cooldown / config.warmup_steps
     suggestion = max(1, before_cooldown // 4)
+    run = f"{config.epochs} epoch(s) of {steps_per_epoch} batches"
+    updates = (f"{before_cooldown} updates before its cooldown ({total} updates: {run})"
+               if before_cooldown < total else f"{total} updates ({run})")
     return (f"Warning: warmup_steps={config.warmup_steps} is more than this run's "
-            f"{before_cooldown} updates before its cooldown ({total} updates: "
-            f"{config.epochs} epoch(s) of {steps_per_epoch} batches): the learning rate will "
+            f"{updates}: the learning rate will "
             f"reach only {share:.0%} of its peak, and a model trained so little translates "
             f"little. Warm up over a fraction of the run (e.g. --set "
             f"warmup_steps={suggestion}), or train more epochs or on more data.")

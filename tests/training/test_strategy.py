@@ -100,3 +100,36 @@ def test_a_task_index_outside_its_cluster_list_is_refused():
                             "task": {"type": "worker", "index": 2}})
     with pytest.raises(ValueError, match=r"index 2.*2 'worker' tasks"):
         strategy_module.task_from_tf_config(tf_config)
+
+
+@pytest.mark.parametrize("name", ["default", "mirrored"])
+def test_a_single_process_strategy_in_a_cluster_is_refused(monkeypatch, name):
+    # `train --strategy default --workers A,B --worker-index 1` trained alone into the
+    # chief's run directory and exited 0: on N machines, N runs each reporting success.
+    monkeypatch.setenv("TF_CONFIG", _tf_config(2))
+    with pytest.raises(ValueError, match=rf"2 workers.*'{name}'.*'auto' or 'multi_worker'"):
+        select_strategy(name)
+
+
+def test_a_strategy_passed_to_train_gets_the_multi_worker_logs_fix(monkeypatch, tmp_path):
+    # A user's own `MultiWorkerMirroredStrategy()` passed to `train` failed at the first step
+    # ("Invalid reduction dimension 0 for input with 0 dimensions"): the fix of Keras'
+    # scalar logs was applied only to strategies `select_strategy` made.
+    from keras.src.backend.tensorflow import trainer as keras_tf_trainer
+
+    from keras_transformer.training import get_preset, trainer
+
+    unfixed = getattr(keras_tf_trainer.reduce_per_replica, "__wrapped__",
+                      keras_tf_trainer.reduce_per_replica)
+    monkeypatch.setattr(keras_tf_trainer, "reduce_per_replica", unfixed)
+
+    class Stop(Exception):
+        pass
+
+    def stop(*args, **kwargs):
+        raise Stop
+
+    monkeypatch.setattr(trainer, "worker_write_dir", stop)  # the run itself is not needed
+    with pytest.raises(Stop):
+        trainer.train(get_preset("tiny"), tmp_path, strategy=tf.distribute.get_strategy())
+    assert getattr(keras_tf_trainer.reduce_per_replica, "_keras_transformer_fix", False)
