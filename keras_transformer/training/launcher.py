@@ -10,6 +10,7 @@ peer died would wait in an all-reduce), and the launcher exits with the failure'
 
 import os
 import pathlib
+import signal
 import socket
 import subprocess
 import sys
@@ -101,6 +102,7 @@ def launch_local_workers(train_args, num_workers, threads_per_worker=None, log_d
     if threads_per_worker:
         env["TF_NUM_INTRAOP_THREADS"] = env["TF_NUM_INTEROP_THREADS"] = str(threads_per_worker)
     processes, logs = [], []
+    previous_handler = _stop_on_sigterm()
     try:
         for index, command in enumerate(commands):
             if index == 0:
@@ -128,6 +130,21 @@ def launch_local_workers(train_args, num_workers, threads_per_worker=None, log_d
         stop_processes(processes)
         for log in logs:
             log.close()
+        if previous_handler is not None:
+            signal.signal(signal.SIGTERM, previous_handler)
+
+
+def _stop_on_sigterm():
+    """Makes SIGTERM (`kill`, a job scheduler's stop) end the launcher through its `finally`,
+    which stops the workers: Python's default dies at once and left them training. Returns
+    the previous handler, or None where one cannot be set (not the main thread)."""
+    def stop(signum, frame):
+        raise SystemExit(128 + signum)
+
+    try:
+        return signal.signal(signal.SIGTERM, stop)
+    except ValueError:  # signals are the main thread's
+        return None
 
 
 def stop_processes(processes):
