@@ -538,6 +538,8 @@ def agree_with_workers(strategy, config, data_report, initial_epoch, write_dir,
         row = [2, 0, 0, 0, initial_epoch, -1]
     else:
         settings = {k: v for k, v in config.to_dict().items() if k != "data_files"}
+        # "auto" resolves from each machine's CPU: what counts is what this worker computes in.
+        settings["precision"] = resolve_precision(config.precision)
         # What each split holds, not where from (the files may sit elsewhere on each machine),
         # nor how many pairs were cut (a report reused from before that count existed has
         # none; the cut pairs are in `kept` either way).
@@ -566,8 +568,13 @@ def agree_with_workers(strategy, config, data_report, initial_epoch, write_dir,
         raise RunFinishedElsewhere(f"{done[0][0]} holds the finished run ({done[0][1]} "
                                    "epoch(s))")
     rows = [[row[1], row[2]] + row[4:] + ([0] if row[3] else []) for row in rows]
+    auto = (" precision 'auto' resolves from each machine's CPU (bfloat16 where it computes "
+            "it natively): on machines that differ, set the precision (--mixed-precision)"
+            if config.precision == "auto" else "")
     for column, what in ((0, "settings (run the same --preset, --config and --set on every "
-                          "worker)"), (1, "data (the same files, with the same content)")):
+                          f"worker;{auto})" if auto else "settings (run the same --preset, "
+                          "--config and --set on every worker)"),
+                         (1, "data (the same files, with the same content)")):
         differ = [w for w, row in zip(workers, rows) if row[column] != rows[0][column]]
         if differ:
             raise ValueError(f"{', '.join(differ)} train with other {what} than worker 0; "

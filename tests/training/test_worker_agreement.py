@@ -74,6 +74,19 @@ def test_workers_with_other_settings_or_data_are_refused(cluster, tmp_path):
     assert trainer.agree_with_workers(None, CONFIG, _report(), 0, tmp_path) == 0
 
 
+def test_workers_whose_auto_precision_differs_are_refused(cluster, tmp_path, monkeypatch):
+    # `precision="auto"` (the multi30k preset's) resolves from each worker's own CPU: on a
+    # cluster of mixed machines worker 0 trained in mixed_bfloat16 and worker 1 in float32,
+    # in lockstep, with no word (the settings compared were the unresolved ones).
+    config = CONFIG.replace(precision="auto")
+    machines = iter(["mixed_bfloat16", None])  # worker 0's CPU, then worker 1's
+    monkeypatch.setattr(trainer, "resolve_precision", lambda precision: next(machines))
+    cluster.append((config, _report(), tmp_path / "w1"))
+    with pytest.raises(ValueError, match=r"worker 1 train with other settings.*'auto'.*"
+                                         r"precision"):
+        trainer.agree_with_workers(None, config, _report(), 0, tmp_path)
+
+
 def test_backups_an_epoch_apart_resume_after_the_earlier_one(cluster, tmp_path):
     # Worker 1 was killed after worker 0 had backed up epoch 3 and before its own backup.
     _backup(tmp_path / "w0", 3, previous=2)
