@@ -70,11 +70,41 @@ def _read_average_record(path):
     return parsed
 
 
+def final_model_record_path(filepath):
+    """The record of the epochs a final model holds (`FinalModelSaver`): its path plus
+    `.json`, as `best.keras.json` records the best model's."""
+    return os.fspath(filepath) + ".json"
+
+
+def read_final_model_epochs(filepath):
+    """The epochs the final model at `filepath` has trained, as its record says, or `None`
+    without a readable record (a model saved before records were written)."""
+    try:
+        with open(final_model_record_path(filepath), encoding="utf-8") as f:
+            return int(json.load(f)["epoch"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def check_trained_past(newest_epoch, run_dir, what):
+    """Refuses `what` (an average, or its checkpoints) whose newest epoch is older than the
+    epochs the run's final model holds (`model.keras.json`): the run trained on without
+    keeping epoch checkpoints (a continuation with `keep_checkpoints=0`)."""
+    epochs = read_final_model_epochs(os.path.join(os.fspath(run_dir), "model.keras"))
+    if epochs is not None and newest_epoch < epochs:
+        raise ValueError(
+            f"{what} epoch-{newest_epoch:03d}, but the run's final model holds {epochs} "
+            "epochs: it trained on without keeping epoch checkpoints (keep_checkpoints), so "
+            "an average would hold older weights than the run. Export --checkpoint best or "
+            "final, or train on with --set keep_checkpoints=N and average the last epochs.")
+
+
 def check_average_is_current(path):
     """Refuses an averaged model that is not the mean of its run's last epochs.
 
     With its record (`average_record_path`), the average is refused when the run has an
-    epoch checkpoint later than the ones averaged (it trained on after `average`), when an
+    epoch checkpoint later than the ones averaged (it trained on after `average`) or its
+    final model holds later epochs (it trained on without keeping checkpoints), when an
     averaged checkpoint has other content now (the run was shortened and trained that
     epoch again), or when an averaged checkpoint is gone while an earlier epoch's is still
     there (a resumed run dropped the epochs past its backup). Averaged checkpoints deleted
@@ -111,6 +141,8 @@ def check_average_is_current(path):
             "--last N` again.") from None
     again = (f"Run `keras-transformer average --model RUN --last {len(averaged)}` again.")
     names = ", ".join(name for _, name, _ in averaged)
+    check_trained_past(max(epoch for epoch, _, _ in averaged), os.path.dirname(directory),
+                       f"{path} averages {names}, up to")
     existing = dict(checkpoints)
     later = [os.path.basename(p) for epoch, p in checkpoints
              if epoch > max(epoch for epoch, _, _ in averaged)]

@@ -18,7 +18,8 @@ import keras
 import numpy as np
 
 from keras_transformer.checkpoint_files import (
-    AVERAGED_NAME, average_record, average_record_path, numbered_epoch_checkpoints,
+    AVERAGED_NAME, average_record, average_record_path, check_trained_past,
+    numbered_epoch_checkpoints,
 )
 from keras_transformer.data.readers import write_json_atomically
 from keras_transformer.textfiles import remove_stale_partials
@@ -140,6 +141,7 @@ def average_run(run_dir, last=5, output=None):
             f"No epoch checkpoints in {run_dir / 'checkpoints'}: train with "
             "--set keep_checkpoints=N to keep the last N epochs' weights."
         )
+    check_trained_past(found[-1][0], run_dir, "The run's newest epoch checkpoint is")
     architecture = averaging_base(run_dir)
     chosen = found[-last:]
     # Recorded before averaging: the record names the content the average reads.

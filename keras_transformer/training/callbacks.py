@@ -12,8 +12,9 @@ import keras
 import numpy as np
 import sacrebleu
 
-from keras_transformer.checkpoint_files import (  # noqa: F401  (epoch_checkpoints: re-exported)
-    EPOCH_CHECKPOINT_PATTERN, epoch_checkpoints, numbered_epoch_checkpoints,
+from keras_transformer.checkpoint_files import (  # noqa: F401  (re-exported for callers)
+    EPOCH_CHECKPOINT_PATTERN, epoch_checkpoints, final_model_record_path,
+    numbered_epoch_checkpoints, read_final_model_epochs,
 )
 from keras_transformer.data.readers import write_json_atomically
 from keras_transformer.languages import bleu_tokenizer
@@ -388,22 +389,6 @@ class FinalModelSaver(keras.callbacks.Callback):
         if self.run_history is not None:
             write_json_atomically(final_model_record_path(self.filepath),
                                   {"epoch": len(self.run_history.epoch_seconds)})
-
-
-def final_model_record_path(filepath):
-    """The record of the epochs a final model holds (`FinalModelSaver`): its path plus
-    `.json`, as `best.keras.json` records the best model's."""
-    return os.fspath(filepath) + ".json"
-
-
-def read_final_model_epochs(filepath):
-    """The epochs the final model at `filepath` has trained, as its record says, or `None`
-    without a readable record (a model saved before records were written)."""
-    try:
-        with open(final_model_record_path(filepath), encoding="utf-8") as f:
-            return int(json.load(f)["epoch"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
 
 
 class DropoutSeeds(keras.callbacks.Callback):

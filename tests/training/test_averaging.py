@@ -94,6 +94,19 @@ def test_an_average_older_than_the_runs_epochs_is_not_exported(run_dir):
     assert model_path(run_dir, "averaged") == path
 
 
+def test_a_run_that_trained_past_its_last_checkpoint_is_not_averaged_or_exported(run_dir):
+    # A run continued with keep_checkpoints=0 kept no checkpoint of its later epochs:
+    # `average --last 3` averaged epochs 2-4 of a 6-epoch run, and export took it.
+    path, _ = average_run(run_dir, last=3)  # the run's 4 epochs: current
+    assert model_path(run_dir, "averaged") == path
+    (run_dir / "model.keras.json").write_text('{"epoch": 6}')  # it trained on to 6
+    with pytest.raises(ValueError, match=r"epoch-004.*final model holds 6 epochs.*"
+                                         r"keep_checkpoints"):
+        model_path(run_dir, "averaged")
+    with pytest.raises(ValueError, match=r"newest epoch checkpoint is epoch-004.*6 epochs"):
+        average_run(run_dir, last=3)
+
+
 def test_an_unfinished_run_is_averaged_from_its_last_checkpoint(run_dir):
     # A run stopped before model.keras (killed, or still training): its epoch checkpoints
     # were refused ("the run has not finished").
