@@ -204,7 +204,7 @@ def test_choose_on_validation_checks_every_checkpoint_before_translating(
             script.main([str(tiny_run), "--checkpoints", checkpoints, "--alphas", "0.6",
                          "--beam-size", "2", "--limit", "2"])
         assert "validation BLEU" not in capsys.readouterr().out
-    with pytest.raises(SystemExit, match="No final model"):
+    with pytest.raises(SystemExit, match="no_run: no such run directory"):
         script.main([str(tmp_path / "no_run"), "--checkpoints", "final"])
     # averaged-K needs the epoch checkpoints, not the final model (`average` falls back to
     # checkpoints/last.keras, as here: a run killed before its end).
