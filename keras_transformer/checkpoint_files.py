@@ -141,11 +141,10 @@ def check_average_is_current(path):
             "--last N` again.") from None
     again = (f"Run `keras-transformer average --model RUN --last {len(averaged)}` again.")
     names = ", ".join(name for _, name, _ in averaged)
-    check_trained_past(max(epoch for epoch, _, _ in averaged), os.path.dirname(directory),
-                       f"{path} averages {names}, up to")
+    newest = max(epoch for epoch, _, _ in averaged)
+    check_trained_past(newest, os.path.dirname(directory), f"{path} averages {names}, up to")
     existing = dict(checkpoints)
-    later = [os.path.basename(p) for epoch, p in checkpoints
-             if epoch > max(epoch for epoch, _, _ in averaged)]
+    later = [os.path.basename(p) for epoch, p in checkpoints if epoch > newest]
     if later:
         raise ValueError(
             f"{path} averages {names}, but the run has later epoch checkpoints "

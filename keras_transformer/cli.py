@@ -540,12 +540,18 @@ def cmd_translate(args):
             out.close()
     _report_cut_lines(translator.path, cut, lines, unfinished)  # the version translating
     if not_utf8["count"]:
-        shown = (", ".join(map(str, not_utf8["first"]))
-                 + (", ..." if not_utf8["count"] > 20 else ""))
         print(f"{not_utf8['count']} of {lines} input lines held bytes that are not UTF-8, "
-              f"translated with U+FFFD in their place: {shown}. If the file is in another "
+              "translated with U+FFFD in their place: "
+              f"{_shown_lines(not_utf8['first'], not_utf8['count'])}. If the file is in another "
               "encoding, convert it first (`file -i FILE`, then `iconv -f ENCODING -t utf-8`).",
               file=sys.stderr, flush=True)
+
+
+def _shown_lines(first, count=None):
+    """Line numbers for a message: the first 20 of `first`, and "..." when there are more
+    (`count`, the total, where `first` holds only the first ones)."""
+    count = len(first) if count is None else count
+    return ", ".join(map(str, first[:20])) + (", ..." if count > 20 else "")
 
 
 def _report_cut_lines(export, cut, lines, unfinished=()):
@@ -555,9 +561,6 @@ def _report_cut_lines(export, cut, lines, unfinished=()):
         return
     from keras_transformer.export.inference import read_export_metadata
 
-    def shown(numbers):
-        return ", ".join(map(str, numbers[:20])) + (", ..." if len(numbers) > 20 else "")
-
     try:
         decoding = read_export_metadata(export).get("decoding", {})
     except OSError:  # the version deleted while it translated: the report without figures
@@ -565,15 +568,15 @@ def _report_cut_lines(export, cut, lines, unfinished=()):
     if cut:
         print(f"{len(cut)} of {lines} lines were longer than the export's max_input_length "
               f"({decoding.get('max_input_length') or 'its'} tokens) and were cut before "
-              f"translating: lines {shown(cut)}. Split them into sentences, or export with a "
-              "larger --max-input-length.", file=sys.stderr, flush=True)
+              f"translating: lines {_shown_lines(cut)}. Split them into sentences, or export "
+              "with a larger --max-input-length.", file=sys.stderr, flush=True)
     if unfinished:
         limit = (f"min(source tokens + {decoding['extra_length']}, "
                  f"{decoding['max_output_length']})"
                  if {"extra_length", "max_output_length"} <= set(decoding) else "its")
         print(f"{len(unfinished)} of {lines} translations reached the export's length limit "
               f"({limit} tokens) before their end and are cut short: lines "
-              f"{shown(list(unfinished))}. Export with a larger --max-output-length or "
+              f"{_shown_lines(list(unfinished))}. Export with a larger --max-output-length or "
               "--extra-length (or look for a translation that repeats itself).",
               file=sys.stderr, flush=True)
 

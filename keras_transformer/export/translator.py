@@ -494,12 +494,11 @@ class Translator(tf.Module):
         # what the cut changes (the segmentation of its last word) is far from the pieces
         # kept.
         whole = oversized & (pieces.row_lengths() < 2 * config.max_input_length)
-        pieces = tf.cond(tf.reduce_any(whole),
-                         lambda: self.source_tokenizer.tokenize(tf.where(whole, text, cut)),
+        text = tf.where(whole, text, cut)  # what is tokenized, for the test of no text below
+        pieces = tf.cond(tf.reduce_any(whole), lambda: self.source_tokenizer.tokenize(text),
                          lambda: pieces)
         # A source longer than max_input_length (END included) is cut to it: flagged.
         truncated = pieces.row_lengths() + 1 > config.max_input_length
-        text = tf.where(whole, text, cut)  # what was tokenized, for the test of no text below
         source = SubwordTokenizer.add_special_tokens(
             pieces, max_length=config.max_input_length, add_end=True
         )  # ragged (B, None), END last

@@ -4,9 +4,10 @@ TF Serving reads `assets.extra/tf_serving_warmup_requests` (a TFRecord file of
 `tensorflow.serving.PredictionLog` protos) and runs every request before the version takes
 traffic, so the first users do not pay for graph optimization. A `--jit` export gets none
 (`export_translator`): on a server without `--xla_cpu_compilation_enabled=true` its small
-batches fail, and a failed warm-up request makes TF Serving refuse to load the version. The protos are written here by hand (protobuf's wire
-format: a handful of length-delimited fields), so exporting needs no `tensorflow-serving-api`;
-the tests parse the file with that package's own classes.
+batches fail, and a failed warm-up request makes TF Serving refuse to load the version.
+The protos are written here by hand (protobuf's wire format: a handful of length-delimited
+fields), so exporting needs no `tensorflow-serving-api`; the tests parse the file with that
+package's own classes.
 """
 
 import numpy as np

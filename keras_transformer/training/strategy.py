@@ -489,9 +489,9 @@ def select_strategy(name="auto", devices=None,
         raise ValueError(f"`devices` is only used by 'mirrored'. Received: name={name!r}")
     if name in ("auto", "multi_worker"):
         check_training_task()
-    elif num_workers_from_tf_config() > 1:
+    elif (workers := num_workers_from_tf_config()) > 1:
         raise ValueError(
-            f"TF_CONFIG names a cluster of {num_workers_from_tf_config()} workers, but the "
+            f"TF_CONFIG names a cluster of {workers} workers, but the "
             f"strategy {name!r} trains this process alone (each worker would train a run of "
             "its own, into the same directory): use 'auto' or 'multi_worker', or unset "
             "TF_CONFIG (and --workers) to train on one machine.")

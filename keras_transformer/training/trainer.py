@@ -568,12 +568,12 @@ def agree_with_workers(strategy, config, data_report, initial_epoch, write_dir,
         raise RunFinishedElsewhere(f"{done[0][0]} holds the finished run ({done[0][1]} "
                                    "epoch(s))")
     rows = [[row[1], row[2]] + row[4:] + ([0] if row[3] else []) for row in rows]
-    auto = (" precision 'auto' resolves from each machine's CPU (bfloat16 where it computes "
-            "it natively): on machines that differ, set the precision (--mixed-precision)"
-            if config.precision == "auto" else "")
-    for column, what in ((0, "settings (run the same --preset, --config and --set on every "
-                          f"worker;{auto})" if auto else "settings (run the same --preset, "
-                          "--config and --set on every worker)"),
+    same_settings = "run the same --preset, --config and --set on every worker"
+    if config.precision == "auto":
+        same_settings += ("; precision 'auto' resolves from each machine's CPU (bfloat16 where "
+                          "it computes it natively): on machines that differ, set the "
+                          "precision (--mixed-precision)")
+    for column, what in ((0, f"settings ({same_settings})"),
                          (1, "data (the same files, with the same content)")):
         differ = [w for w, row in zip(workers, rows) if row[column] != rows[0][column]]
         if differ:
