@@ -15,7 +15,7 @@ What happens to bad input (the same rules for parallel files, TSV and TFDS datas
 | a pair with one empty (or whitespace) side   | dropped, counted as `empty_source`/`empty_target` |
 | a side of characters normalization removes   | the same (zero-width spaces, bidi marks, controls) |
 | a TSV line without exactly one tab           | `DataError` with file, line number, tab count  |
-| a TSV field in CSV quotes (its quotes doubled) | `DataError` with file and line, and the fix  |
+| a TSV written in CSV quoting (fields wrapped in quotes, their quotes doubled, no quote outside that form in the lines read) | `DataError` with file and line, and the fix  |
 | CRLF line endings                            | repaired (the `\\r` removed), counted as `crlf` |
 | a UTF-8 byte order mark at the start of a file | repaired (removed), counted as `bom`         |
 | invalid UTF-8 bytes                          | `DataError` with file, line number and byte    |
@@ -250,14 +250,21 @@ def read_parallel_files(source_path, target_path, report, keep_all=False):
             yield pair
 
 
-def _csv_quoted(field):
-    """Whether a TSV field is one a CSV writer quoted: wrapped in quotes, with the quotes it
-    holds doubled (a sentence's own quotes around it are not doubled inside)."""
+def _quoting(field):
+    """What a TSV field's quotes say of how its file was written: `"csv"` for a field a
+    CSV writer quoted (wrapped in quotes, every quote inside doubled, at least one: a
+    sentence's own quotes around it are not doubled inside), `"plain"` for a quote a CSV
+    writer would have quoted (one not in that form), else `None`."""
     field = field.strip()
-    return len(field) > 2 and field[0] == field[-1] == '"' and '""' in field[1:-1]
+    if '"' not in field or field == '""':  # `""`: an empty cell in CSV, or a pair of quotes
+        return None
+    inside = field[1:-1]
+    if len(field) > 2 and field[0] == field[-1] == '"' and '"' not in inside.replace('""', ""):
+        return "csv" if '""' in inside else None
+    return "plain"
 
 
-def read_tsv(path, report, keep_all=False):
+def read_tsv(path, report, keep_all=False, limit=None):
     """Yields the pairs of a `source<TAB>target` file (plain or `.gz`), counted in `report`.
 
     A blank line is a blank pair (dropped and counted); any other line must hold exactly
@@ -267,15 +274,24 @@ def read_tsv(path, report, keep_all=False):
         path: str or path-like.
         report: `SplitReport`, filled while reading.
         keep_all: bool, yield blank and one-sided pairs too. Defaults to `False`.
+        limit: int or `None`, stop after this many pairs (`None`: all). The file's quoting
+            is judged on the lines read.
 
     Yields:
         `(source, target)` str pairs.
 
     Raises:
         DataError: an empty file, a line without exactly one tab (file, line number and the
-            number of tabs found), invalid UTF-8.
+            number of tabs found), invalid UTF-8, a file written in CSV quoting.
     """
     empty = True
+    # A field in CSV form may be a sentence's own text (code's docstrings), where a quote
+    # outside that form shows the file was not written by a CSV writer (which quotes every
+    # field holding a quote): the file is judged on all the lines read, at the end.
+    csv_line, plain_quotes = None, False  # the first line in CSV quoting; a quote outside it
+    yielded = 0
+    if limit == 0:
+        return
     for number, line in enumerate(iter_lines(path, report), start=1):
         empty = False
         if not line.strip():
@@ -291,19 +307,26 @@ def read_tsv(path, report, keep_all=False):
                     f"target, found {tabs}.{ending}"
                 )
             source, target = line.split("\t")
-            if _csv_quoted(source) or _csv_quoted(target):
-                raise DataError(
-                    f"{os.fspath(path)}:{number}: a field in CSV quoting (wrapped in quotes, "
-                    "its own quotes doubled, as pandas, Excel or Python's csv module write a "
-                    "field holding a quote): it would be trained with those quotes. Write "
-                    "plain `source<TAB>target` lines, each pair as "
-                    "`f.write(source + \"\\t\" + target + \"\\n\")`, not through a CSV "
-                    "writer."
-                )
+            if not plain_quotes:
+                quoting = {_quoting(source), _quoting(target)}
+                plain_quotes = "plain" in quoting
+                if "csv" in quoting:
+                    csv_line = csv_line or number
         pair = keep_pair(source, target, report)
         if keep_all:
-            yield source.strip(), target.strip()
-        elif pair is not None:
+            pair = source.strip(), target.strip()
+        if pair is not None:
             yield pair
+            yielded += 1
+            if yielded == limit:
+                break
     if empty:
         raise DataError(f"{os.fspath(path)} is empty: no sentence pairs to read.")
+    if csv_line is not None and not plain_quotes:
+        raise DataError(
+            f"{os.fspath(path)}:{csv_line}: a field in CSV quoting (wrapped in quotes, its "
+            "own quotes doubled, as pandas, Excel or Python's csv module write a field "
+            "holding a quote), and no quote outside that form in the lines read: it would be "
+            "trained with those quotes. Write plain `source<TAB>target` lines, each pair as "
+            "`f.write(source + \"\\t\" + target + \"\\n\")`, not through a CSV writer."
+        )

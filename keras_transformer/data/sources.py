@@ -122,7 +122,7 @@ class ParallelSource:
         """str, where `split` is read from (for reports and messages)."""
         return f"{self.describe()}[{split}]"
 
-    def pairs(self, split, report=None, keep_all=False):
+    def pairs(self, split, report=None, keep_all=False, limit=None):
         """Streams the `(source, target)` str pairs of a split.
 
         Args:
@@ -130,6 +130,8 @@ class ParallelSource:
             report: `SplitReport` or None, counts what is read, kept, dropped, repaired.
             keep_all: bool, yield blank and one-sided pairs too (evaluation keeps line i
                 aligned with reference i). Defaults to `False`.
+            limit: int or None, stop after this many pairs (`train_subset`). Defaults to
+                `None` (all).
 
         Returns:
             An iterator of `(source, target)` pairs.
@@ -138,10 +140,15 @@ class ParallelSource:
         if report is None:
             report = SplitReport()
         report.origin = report.origin or self.origin(split)
-        return self._read(split, report, keep_all)
+        return self._read_at_most(split, report, keep_all, limit)
 
     def _read(self, split, report, keep_all):
         raise NotImplementedError
+
+    def _read_at_most(self, split, report, keep_all, limit):
+        """`_read`'s first `limit` pairs; a source that judges what it read when it stops
+        (a TSV's quoting) reads to the limit itself."""
+        return itertools.islice(self._read(split, report, keep_all), limit)
 
     def dataset(self, split, report=None, limit=None, errors=None):
         """The pairs of a split as a `tf.data.Dataset` of `{lang: tf.string}` scalars.
@@ -175,7 +182,7 @@ class ParallelSource:
 
         def pair_chunks():
             sources, targets = [], []
-            for source, target in itertools.islice(self.pairs(split, report), limit):
+            for source, target in self.pairs(split, report, limit=limit):
                 sources.append(source)
                 targets.append(target)
                 if len(sources) == _CHUNK_PAIRS:
@@ -326,6 +333,9 @@ class TsvSource(ParallelSource):
 
     def _read(self, split, report, keep_all):
         return read_tsv(self.files[split], report, keep_all=keep_all)
+
+    def _read_at_most(self, split, report, keep_all, limit):
+        return read_tsv(self.files[split], report, keep_all=keep_all, limit=limit)
 
     def spec(self):
         return dict(super().spec(), data_files=dict(self.files))

@@ -18,7 +18,7 @@ import pathlib
 
 import keras
 
-from keras_transformer.checkpoint_files import check_average_is_current
+from keras_transformer.checkpoint_files import check_average_is_current, check_run_directory
 from keras_transformer.text import load_tokenizers
 
 CHECKPOINTS = ("best", "final", "last", "averaged")
@@ -35,11 +35,7 @@ def model_path(run_dir, checkpoint="best"):
         "last": [run_dir / "checkpoints" / "last.keras"],
         "averaged": [run_dir / "checkpoints" / "averaged.keras"],
     }[checkpoint]
-    if not run_dir.is_dir():
-        raise FileNotFoundError(
-            f"{run_dir}: no such run directory (train one with `keras-transformer train "
-            f"--output {run_dir}`)." if not run_dir.exists() else
-            f"{run_dir} is a file, not a run directory from `keras-transformer train`.")
+    check_run_directory(run_dir)
     for path in candidates:
         if path.is_file():
             if checkpoint == "averaged":
@@ -129,8 +125,6 @@ def read_split(spec, split="test", local_dir=None, tfds_dir=None, limit=None):
             or do not pair up, or `limit` is negative.
         OSError: a split's file cannot be read (FileNotFoundError when it has moved).
     """
-    import itertools
-
     from keras_transformer.data import open_source
 
     if limit is not None and limit < 0:
@@ -142,7 +136,7 @@ def read_split(spec, split="test", local_dir=None, tfds_dir=None, limit=None):
             "--split validation, or --src/--ref files to score.")
     split = source.resolve(split)
     source.check_directions([split])
-    pairs = list(itertools.islice(source.pairs(split, keep_all=True), limit or None))
+    pairs = list(source.pairs(split, keep_all=True, limit=limit or None))
     return ([s for s, _ in pairs], [t for _, t in pairs],
             f"{source.describe()} [{split}]", source.target_lang)
 

@@ -12,7 +12,6 @@ import dataclasses
 import errno
 import fcntl
 import hashlib
-import itertools
 import json
 import logging
 import math
@@ -917,7 +916,7 @@ def _train(config, output_dir, write_dir, strategy, data_dir, local_dir, make_tr
             splits = {split: source.dataset(split) if split in source.splits() else None
                       for split in ("train", "validation")}
             source_tokenizer, target_tokenizer = prepare_tokenizers(
-                config, itertools.islice(source.pairs("train"), config.train_subset), write_dir)
+                config, source.pairs("train", limit=config.train_subset), write_dir)
             data_report = prepare_data_report(
                 source, config, source_tokenizer, target_tokenizer, write_dir, replicas,
                 resuming=bool(initial_epoch),

@@ -219,3 +219,31 @@ def test_tsv_test_sets_are_read_through_when_checked(tmp_path, toy_corpus):
     with pytest.raises(DataError, match=rf"{empty}"):
         source.check(["other"])
     source.check(["train"])
+
+
+def test_a_tsv_whose_quotes_are_plain_text_keeps_a_field_that_looks_csv_quoted(tmp_path):
+    # A code corpus: `"""Return x."""` is how a CSV writer quotes `"Return x."`, and the
+    # whole run was refused for it, though the file's other quotes (`print("hi")`) show it
+    # was not written in CSV quoting (a CSV writer quotes every field holding a quote).
+    lines = ['Gib x zurück.\t"""Return x."""', 'Drucke hallo.\tprint("hi")']
+    for order in (lines, lines[::-1]):
+        path = write_lines(tmp_path / "code.tsv", order)
+        assert sorted(pair[1] for pair in read_tsv(path, SplitReport())) == [
+            '"""Return x."""', 'print("hi")']
+    # A file whose every quoted field is CSV-quoted is still refused, at its first one.
+    path = write_lines(tmp_path / "csv.tsv", ['un\t"""One"""', "deux\ttwo",
+                                              'trois\t"Three, ""3"""'])
+    with pytest.raises(DataError, match=rf"{path}:1: .*CSV quoting"):
+        list(read_tsv(path, SplitReport()))
+    # An empty cell as CSV writes it (`""`) says nothing of the file's quoting.
+    path = write_lines(tmp_path / "empty.tsv", ['un\t"""One"""', '""\t"x"'])
+    with pytest.raises(DataError, match=rf"{path}:1: .*CSV quoting"):
+        list(read_tsv(path, SplitReport(), keep_all=True))
+    # A read that stops early (`train_subset`, an evaluation's limit) judges the lines read.
+    path = write_lines(tmp_path / "long.tsv", ['un\t"""One"""'] + ["deux\ttwo"] * 30
+                       + ['trois\t"Three" he said'])
+    for reader in (read_tsv(path, SplitReport(), limit=5),
+                   TsvSource({"train": path}, "fr", "en").pairs("train", limit=5)):
+        with pytest.raises(DataError, match=rf"{path}:1: .*CSV quoting"):
+            list(reader)
+    assert len(list(read_tsv(path, SplitReport()))) == 32  # the whole file: plain quotes
