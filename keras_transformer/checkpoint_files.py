@@ -86,6 +86,15 @@ def read_final_model_epochs(filepath):
         return None
 
 
+def check_run_directory(run_dir):
+    """Refuses a run directory that does not exist or is a file, saying which."""
+    if not os.path.isdir(run_dir):
+        raise FileNotFoundError(
+            f"{run_dir}: no such run directory (train one with `keras-transformer train "
+            f"--output {run_dir}`)." if not os.path.exists(run_dir) else
+            f"{run_dir} is a file, not a run directory from `keras-transformer train`.")
+
+
 def check_trained_past(newest_epoch, run_dir, what):
     """Refuses `what` (an average, or its checkpoints) whose newest epoch is older than the
     epochs the run's final model holds (`model.keras.json`): the run trained on without

@@ -18,8 +18,8 @@ import keras
 import numpy as np
 
 from keras_transformer.checkpoint_files import (
-    AVERAGED_NAME, average_record, average_record_path, check_trained_past,
-    numbered_epoch_checkpoints,
+    AVERAGED_NAME, average_record, average_record_path, check_run_directory,
+    check_trained_past, numbered_epoch_checkpoints,
 )
 from keras_transformer.data.readers import write_json_atomically
 from keras_transformer.textfiles import remove_stale_partials
@@ -105,8 +105,8 @@ def average_run(run_dir, last=5, output=None):
         `(path, averaged_paths)`: the written model and the checkpoints it averages.
 
     Raises:
-        FileNotFoundError: when the run has neither a final model nor a last checkpoint,
-            or no epoch checkpoints.
+        FileNotFoundError: when `run_dir` is not a directory, the run has neither a final
+            model nor a last checkpoint, or no epoch checkpoints.
         ValueError: when `last` is not positive, or `output` is not a `.keras` file in an
             existing directory.
 
@@ -135,6 +135,7 @@ def average_run(run_dir, last=5, output=None):
                              f".keras, not {str(output)!r}.")
         if not output.parent.is_dir():
             raise ValueError(f"The directory of {str(output)!r} does not exist.")
+    check_run_directory(run_dir)
     found = numbered_epoch_checkpoints(run_dir / "checkpoints")  # (epoch, path)
     if not found:
         raise FileNotFoundError(

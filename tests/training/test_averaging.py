@@ -80,6 +80,15 @@ def test_no_checkpoints_says_how_to_keep_them(tmp_path):
         average_run(tmp_path, last=5)
 
 
+def test_a_run_directory_that_does_not_exist_is_told_so(tmp_path):
+    # `average --model runs/typo` advised training with keep_checkpoints.
+    with pytest.raises(FileNotFoundError, match=r"typo: no such run directory"):
+        average_run(tmp_path / "typo", last=5)
+    (tmp_path / "a_file").write_text("")
+    with pytest.raises(FileNotFoundError, match=r"a_file is a file, not a run directory"):
+        average_run(tmp_path / "a_file", last=5)
+
+
 def test_an_average_older_than_the_runs_epochs_is_not_exported(run_dir):
     # A run continued after `average`: --checkpoint averaged exported epochs 3-4 of a
     # 5-epoch run, silently.
