@@ -226,8 +226,15 @@ def _set_worker_tf_config(args):
         return None
     from keras_transformer.training.strategy import make_tf_config
 
+    workers = args.workers.split(",")
+    if not 0 <= args.worker_index < len(workers):
+        positions = " or ".join(map(str, range(len(workers)))) if len(workers) <= 2 else (
+            f"0 to {len(workers) - 1}")
+        raise SystemExit(f"--worker-index {args.worker_index} is outside the {len(workers)} "
+                         f"addresses of --workers: give this machine's position in that "
+                         f"list, counted from 0 ({positions}).")
     try:
-        os.environ["TF_CONFIG"] = make_tf_config(args.workers.split(","), args.worker_index)
+        os.environ["TF_CONFIG"] = make_tf_config(workers, args.worker_index)
     except ValueError as error:
         raise SystemExit(str(error))
     return args.worker_index
@@ -306,9 +313,12 @@ def cmd_train(args):
     _set_worker_tf_config(args)
     config = _load_config(args)
     output = pathlib.Path(args.output)
-    from keras_transformer.training.strategy import WORKER_TEMP_PREFIX, task_from_tf_config
+    from keras_transformer.training.strategy import (
+        WORKER_TEMP_PREFIX, check_strategy, task_from_tf_config)
     from keras_transformer.training.trainer import hold_run_directory
 
+    # Before anything is written: the strategy against the cluster, this worker's port.
+    check_strategy(args.strategy, cluster_timeout_minutes=args.cluster_timeout)
     # The task as TF_CONFIG names it (set by --worker-index or by a cluster manager).
     chief, task_id = task_from_tf_config()
 
@@ -322,9 +332,15 @@ def cmd_train(args):
         print(f"Reusing the finished run in {output} (--overwrite starts over; `make run "
               "FRESH=1` for make's run)", flush=True)
         return
-    epochs = len(run.history.get("loss", [])) or config.epochs
-    print(f"Trained {epochs} epoch(s) in {run.train_seconds / 60:.1f} min; run directory "
-          f"{output} (model.keras, checkpoints/, tokenizer/, logs/)", flush=True)
+    # The history and the training time cover every attempt of a resumed run.
+    epochs = len(run.history.get("loss", [])) or run.epochs_trained
+    minutes = run.train_seconds / 60
+    done = (f"Trained {run.epochs_trained} epoch(s) (epochs {epochs - run.epochs_trained + 1}-"
+            f"{epochs} of the run, which took {minutes:.1f} min in all)"
+            if run.epochs_trained < epochs else
+            f"Trained {run.epochs_trained} epoch(s) in {minutes:.1f} min")
+    print(f"{done}; run directory {output} (model.keras, checkpoints/, tokenizer/, logs/)",
+          flush=True)
 
 
 def cmd_average(args):
@@ -357,7 +373,8 @@ def cmd_launch(args):
         log_dir=args.log_dir, timeout=args.timeout,
     )
     if code:
-        raise SystemExit(f"A worker failed with exit code {code}; the others were stopped.")
+        raise SystemExit(f"keras-transformer launch: the workers were stopped (exit code "
+                         f"{code}; see above).")
 
 
 def cmd_export(args):
@@ -823,7 +840,8 @@ def build_parser():
     launch.add_argument("--local-workers", type=_count, required=True, metavar="N")
     launch.add_argument("--threads-per-worker", type=int, metavar="T",
                         help="TensorFlow threads of each worker (e.g. 1: one core each)")
-    launch.add_argument("--log-dir", help="where workers 1.. log (default: a temp dir)")
+    launch.add_argument("--log-dir", help="where workers 1.. log (default: a temp dir, "
+                        "removed when every worker succeeded)")
     launch.add_argument("--timeout", type=float, help="stop all workers after this many s")
     launch.add_argument("train_args", nargs=argparse.REMAINDER,
                         help="-- train ARGS... (the command every worker runs)")

@@ -476,3 +476,25 @@ def test_evaluate_refuses_a_tsv_given_as_its_source(tmp_path, monkeypatch):
         with pytest.raises((SystemExit, FileNotFoundError, OSError)) as error:
             cli._evaluation_pairs(args, {})
         assert "TSV" not in str(error.value)
+
+
+def test_a_worker_index_outside_the_workers_names_the_flags(tmp_path, monkeypatch):
+    monkeypatch.setenv("TF_CONFIG", "")
+    _refused(["train", "--preset", "tiny", "--output", str(tmp_path / "run"),
+              "--workers", "a:1,b:1", "--worker-index", "2"],
+             "--worker-index 2", "0 or 1", "2 addresses of --workers")
+    _refused(["train", "--preset", "tiny", "--output", str(tmp_path / "run"),
+              "--workers", "a:1,b:1,a:1", "--worker-index", "0"], "a:1 twice")
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("strategy", ["default", "mirrored"])
+def test_a_single_process_strategy_in_a_cluster_writes_nothing(tmp_path, monkeypatch,
+                                                                strategy):
+    # Refused, but only after the worker had made its directory: an empty
+    # RUN/workertemp_1 stayed behind.
+    monkeypatch.setenv("TF_CONFIG", "")
+    _refused(["train", "--preset", "tiny", "--output", str(tmp_path / "run"),
+              "--strategy", strategy, "--workers", "a:1,b:1", "--worker-index", "1"],
+             f"'{strategy}'", "'auto' or 'multi_worker'")
+    assert not (tmp_path / "run").exists()

@@ -209,7 +209,10 @@ def test_the_tfjob_example_passes_the_workers_checks(monkeypatch):
         raise AssertionError("train() was called")
 
     monkeypatch.setattr(trainer, "train", reached)
-    hosts = [f"worker-{i}:2222" for i in range(workers["replicas"])]
+    from keras_transformer.training.launcher import free_ports
+
+    port = free_ports(1)[0]  # this task's port is probed: one nothing listens on
+    hosts = [f"worker-{i}:{port}" for i in range(workers["replicas"])]
     monkeypatch.setenv("TF_CONFIG", json.dumps(
         {"cluster": {"worker": hosts}, "task": {"type": "worker", "index": 1}}))
     with pytest.raises(AssertionError, match="train\\(\\) was called"):
@@ -295,3 +298,27 @@ def test_make_run_reuses_a_finished_run(tmp_path):
     assert "Reusing the export" in again.stdout and "Reusing the evaluation" in again.stdout
     assert again.stdout.count("SRC: ") == first.stdout.count("SRC: ") > 0
     assert {p: p.stat().st_mtime_ns for p in modified} == modified
+
+
+def test_a_resumed_run_says_how_many_epochs_this_call_trained(tmp_path, monkeypatch, capsys):
+    # A run interrupted after epoch 1 and resumed printed "Trained 4 epoch(s) in <the whole
+    # run's minutes>" when the resumed call had trained 3.
+    import keras_transformer.training.trainer as trainer
+
+    monkeypatch.delenv("TF_CONFIG", raising=False)
+    history = {"loss": [4.0, 3.0, 2.0, 1.0]}
+
+    def trained(epochs):
+        def train(config, output, **kwargs):
+            return trainer.TrainingRun(model=None, source_tokenizer=None, target_tokenizer=None,
+                                    config=config, output_dir=output, history=history,
+                                    train_seconds=240.0, epochs_trained=epochs)
+        return train
+
+    monkeypatch.setattr(trainer, "train", trained(3))
+    main(_train_args(tmp_path / "run"))
+    out = capsys.readouterr().out
+    assert "Trained 3 epoch(s) (epochs 2-4 of the run, which took 4.0 min in all)" in out, out
+    monkeypatch.setattr(trainer, "train", trained(4))
+    main(_train_args(tmp_path / "run2"))
+    assert "Trained 4 epoch(s) in 4.0 min; run directory" in capsys.readouterr().out

@@ -5,11 +5,14 @@
 per worker, each in its own process, exactly the commands one would run on N machines.
 The chief's (worker 0's) output goes to this terminal; the others' to
 `<log_dir>/worker-<i>.log`. When one worker fails the others are stopped (a worker whose
-peer died would wait in an all-reduce), and the launcher exits with the failure's code.
+peer died would wait in an all-reduce), the failed worker is named with the end of its log,
+and the launcher exits with the failure's code.
 """
 
+import collections
 import os
 import pathlib
+import shutil
 import signal
 import socket
 import subprocess
@@ -87,7 +90,7 @@ def launch_local_workers(train_args, num_workers, threads_per_worker=None, log_d
             worker (`TF_NUM_INTRAOP_THREADS` / `TF_NUM_INTEROP_THREADS`), e.g. `1` to
             give each worker one core. Defaults to `None` (TensorFlow's choice).
         log_dir: path-like or `None`, where workers 1.. write their output. Defaults to
-            a new temporary directory.
+            a new temporary directory, removed when every worker succeeded.
         timeout: float or `None`, seconds after which all workers are stopped.
 
     Returns:
@@ -95,6 +98,7 @@ def launch_local_workers(train_args, num_workers, threads_per_worker=None, log_d
         (negative: killed by that signal).
     """
     commands = worker_commands(train_args, num_workers)
+    own_log_dir = log_dir is None  # removed when every worker succeeded
     log_dir = pathlib.Path(log_dir or tempfile.mkdtemp(prefix="keras-transformer-workers-"))
     log_dir.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ)
@@ -116,10 +120,15 @@ def launch_local_workers(train_args, num_workers, threads_per_worker=None, log_d
         started = time.time()
         while True:
             codes = [process.poll() for process in processes]
-            failed = [code for code in codes if code not in (None, 0)]
+            failed = [index for index, code in enumerate(codes) if code not in (None, 0)]
             if failed:
-                return failed[0]
+                _say_failed(failed[0], codes[failed[0]], log_dir)
+                return codes[failed[0]]
             if all(code == 0 for code in codes):
+                if own_log_dir:
+                    for log in logs:
+                        log.close()
+                    shutil.rmtree(log_dir, ignore_errors=True)
                 return 0
             if timeout is not None and time.time() - started > timeout:
                 print(f"Workers still running after {timeout}s: stopping them.",
@@ -132,6 +141,28 @@ def launch_local_workers(train_args, num_workers, threads_per_worker=None, log_d
             log.close()
         if previous_handler is not None:
             signal.signal(signal.SIGTERM, previous_handler)
+
+
+# Lines of a failed worker's log shown on the launcher's terminal.
+_LOG_LINES_SHOWN = 15
+
+
+def _say_failed(index, code, log_dir):
+    """Names the failed worker and shows the end of its log (the chief's own output is on
+    this terminal already)."""
+    if index == 0:
+        print(f"Worker 0 (the chief) failed with exit code {code}: stopping the others.",
+              file=sys.stderr, flush=True)
+        return
+    log = log_dir / f"worker-{index}.log"
+    try:
+        with open(log, encoding="utf-8", errors="replace") as file:
+            tail = collections.deque(file, maxlen=_LOG_LINES_SHOWN)
+    except OSError:
+        tail = []
+    print(f"Worker {index} failed with exit code {code} (log: {log}); stopping the others. "
+          f"The end of its log:\n" + "".join(f"  {line}" for line in tail),
+          file=sys.stderr, flush=True)
 
 
 def _stop_on_sigterm():

@@ -63,7 +63,8 @@ def make_tf_config(workers, index):
         string, the JSON to put in the `TF_CONFIG` environment variable.
 
     Raises:
-        ValueError: if `workers` is empty or `index` is out of range.
+        ValueError: if `workers` is empty or names an address twice, or `index` is out of
+            range.
 
     Example:
 
@@ -73,6 +74,7 @@ def make_tf_config(workers, index):
     workers = list(workers)
     if not workers:
         raise ValueError("`workers` must name at least one host:port.")
+    _check_distinct(workers)
     if not 0 <= index < len(workers):
         raise ValueError(
             f"`index` must be in [0, {len(workers)}). Received: index={index}, "
@@ -163,14 +165,17 @@ def check_training_task(tf_config=None):
             variable.
 
     Raises:
-        ValueError: on invalid JSON, a task type other than `chief` and `worker`, or a task
-            index outside its type's list in the cluster.
+        ValueError: on invalid JSON, an address named twice, a task type other than
+            `chief` and `worker`, or a task index outside its type's list in the cluster.
     """
     if tf_config is None:
         tf_config = os.environ.get("TF_CONFIG", "")
     if not num_workers_from_tf_config(tf_config):
         return
     config = json.loads(tf_config)
+    cluster = config.get("cluster", {})
+    _check_distinct([address for kind in ("chief", "worker")
+                     for address in cluster.get(kind, [])])
     task = config.get("task") or {}
     if not task:
         return
@@ -189,6 +194,85 @@ def check_training_task(tf_config=None):
             f"cluster lists {len(tasks)} {task_type!r} tasks (indices 0 to "
             f"{len(tasks) - 1})."
         )
+
+
+def _check_distinct(addresses):
+    """Refuses a cluster naming an address twice: the second worker cannot start its server
+    there, and the first would wait for it until its cluster timeout."""
+    seen = set()
+    for address in addresses:
+        if address in seen:
+            raise ValueError(f"The cluster names {address} twice: give each worker its own "
+                             f"host:port. Received: {', '.join(addresses)}")
+        seen.add(address)
+
+
+# Ports this process's own cluster server listens on (a second check would find them busy).
+_OWN_SERVER_PORTS = set()
+
+
+def check_own_port(tf_config=None):
+    """Refuses a `TF_CONFIG` task whose port is in use on this machine, before the worker
+    starts its server there: TensorFlow's "Could not start gRPC server" came after the
+    message that the worker waits for the others, and they waited for it until their
+    cluster timeout.
+
+    The server listens on every interface, so a program listening on the port on any of
+    them is in the way. A port that cannot be checked (one this user may not bind, an
+    address that is not `host:port`) is left to TensorFlow.
+
+    Args:
+        tf_config: string or `None`, the JSON of `TF_CONFIG`; `None` reads the environment
+            variable.
+
+    Raises:
+        ValueError: naming the port, the task and how to free it.
+    """
+    import errno
+    import socket
+
+    if tf_config is None:
+        tf_config = os.environ.get("TF_CONFIG", "")
+    port = _own_port_of(tf_config)
+    if port is None or port in _OWN_SERVER_PORTS:
+        return
+    config = json.loads(tf_config)
+    task = config["task"]
+    address = config["cluster"][task["type"]][int(task.get("index", 0))]
+    for family, host in ((socket.AF_INET, ""), (socket.AF_INET6, "::")):
+        try:
+            with socket.socket(family, socket.SOCK_STREAM) as probe:
+                # As the server's own socket does: a port some closed connection still
+                # holds (TIME_WAIT) is free to it; a socket listening there is in the way.
+                probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                if family == socket.AF_INET6:
+                    probe.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+                probe.bind((host, port))
+        except OSError as error:
+            if error.errno != errno.EADDRINUSE:
+                continue  # no such sockets here, or not this user's to bind: TensorFlow's
+            raise ValueError(
+                f"Port {port} of this worker's address {address} ({task['type']} "
+                f"{task.get('index', 0)} of the cluster) is in use on this machine: a "
+                "program listens there or a connection holds it (another worker of this "
+                "cluster given the same port under another name, a worker of another run). "
+                "Free it, or give this worker a free port in --workers (TF_CONFIG), the same "
+                "list on every worker; under `launch`, start it again (it picks free "
+                "ports).") from None
+
+
+def _own_port_of(tf_config):
+    """The port of this task's `host:port` in `TF_CONFIG`, or `None` where it names none."""
+    if not num_workers_from_tf_config(tf_config):
+        return None
+    config = json.loads(tf_config)
+    task = config.get("task") or {}
+    tasks = config.get("cluster", {}).get(task.get("type"), [])
+    index = int(task.get("index", 0))
+    if not 0 <= index < len(tasks):
+        return None  # check_training_task says so
+    port = str(tasks[index]).rpartition(":")[2]
+    return int(port) if port.isdigit() and 0 < int(port) < 65536 else None
 
 
 def worker_write_dir(output_dir, strategy):
@@ -436,6 +520,41 @@ def fix_keras_multi_worker_logs():
     keras_tf_trainer.reduce_per_replica = reduce_per_replica
 
 
+def check_strategy(name="auto", devices=None,
+                   cluster_timeout_minutes=CLUSTER_TIMEOUT_MINUTES):
+    """Refuses what `select_strategy` would refuse, without starting TensorFlow (a command
+    checks before it writes anything): an unknown name, `devices` for another strategy, a
+    bad timeout, a `TF_CONFIG` task that does not train or whose port is in use here, an
+    address named twice, and a single-process strategy in a cluster.
+
+    Args:
+        name: string, a strategy name (see `select_strategy`).
+        devices: list of device strings or `None`, the devices of `"mirrored"`.
+        cluster_timeout_minutes: float or `None`, see `select_strategy`.
+
+    Raises:
+        ValueError: saying which.
+    """
+    if name not in STRATEGY_NAMES:
+        raise ValueError(
+            f"Unknown strategy name {name!r}. Valid names: {', '.join(STRATEGY_NAMES)}."
+        )
+    check_cluster_timeout(cluster_timeout_minutes)
+    if devices is not None and name != "mirrored":
+        raise ValueError(f"`devices` is only used by 'mirrored'. Received: name={name!r}")
+    workers = num_workers_from_tf_config()
+    check_training_task()
+    if name in ("auto", "multi_worker"):
+        if workers > 1 or name == "multi_worker":
+            check_own_port()
+    elif workers > 1:
+        raise ValueError(
+            f"TF_CONFIG names a cluster of {workers} workers, but the "
+            f"strategy {name!r} trains this process alone (each worker would train a run of "
+            "its own, into the same directory): use 'auto' or 'multi_worker', or unset "
+            "TF_CONFIG (and --workers) to train on one machine.")
+
+
 def select_strategy(name="auto", devices=None,
                     cluster_timeout_minutes=CLUSTER_TIMEOUT_MINUTES):
     """Returns the `tf.distribute.Strategy` named `name`, and logs which one it is.
@@ -471,8 +590,10 @@ def select_strategy(name="auto", devices=None,
 
     Raises:
         ValueError: on an unknown `name`, `devices` given for another strategy, a
-            `TF_CONFIG` task that does not train (`check_training_task`), or `"default"` /
-            `"mirrored"` where `TF_CONFIG` names several workers.
+            `TF_CONFIG` task that does not train (`check_training_task`) or whose port is
+            in use on this machine (`check_own_port`), an address named twice, or
+            `"default"` / `"mirrored"` where `TF_CONFIG` names several workers
+            (`check_strategy`).
 
     Example:
 
@@ -480,21 +601,7 @@ def select_strategy(name="auto", devices=None,
     >>> strategy.num_replicas_in_sync
     1
     """
-    if name not in STRATEGY_NAMES:
-        raise ValueError(
-            f"Unknown strategy name {name!r}. Valid names: {', '.join(STRATEGY_NAMES)}."
-        )
-    check_cluster_timeout(cluster_timeout_minutes)
-    if devices is not None and name != "mirrored":
-        raise ValueError(f"`devices` is only used by 'mirrored'. Received: name={name!r}")
-    if name in ("auto", "multi_worker"):
-        check_training_task()
-    elif (workers := num_workers_from_tf_config()) > 1:
-        raise ValueError(
-            f"TF_CONFIG names a cluster of {workers} workers, but the "
-            f"strategy {name!r} trains this process alone (each worker would train a run of "
-            "its own, into the same directory): use 'auto' or 'multi_worker', or unset "
-            "TF_CONFIG (and --workers) to train on one machine.")
+    check_strategy(name, devices, cluster_timeout_minutes)
     if name == "auto":
         num_workers = num_workers_from_tf_config()
         # Physical, not logical: listing logical devices would initialize the context
@@ -526,6 +633,8 @@ def select_strategy(name="auto", devices=None,
                 implementation=implementation
             )
         ), cluster_timeout_minutes)
+        if port := _own_port_of(os.environ.get("TF_CONFIG", "")):
+            _OWN_SERVER_PORTS.add(port)
         fix_keras_multi_worker_logs()
     else:
         if devices is None:

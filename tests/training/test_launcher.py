@@ -57,3 +57,42 @@ def test_sigterm_to_the_launcher_stops_its_workers(tmp_path):
         for pid in workers:
             if os.path.exists(f"/proc/{pid}"):
                 os.kill(pid, signal.SIGKILL)
+
+
+def _commands(*codes_and_output):
+    """Worker commands that print to stderr and exit with a code, after a pause."""
+    return [[sys.executable, "-c", f"import sys, time; time.sleep({pause}); "
+             f"print({text!r}, file=sys.stderr); sys.exit({code})"]
+            for pause, text, code in codes_and_output]
+
+
+def test_a_failed_worker_is_named_with_the_end_of_its_log(tmp_path, monkeypatch, capfd):
+    # "A worker failed with exit code 1": which one, and why, was in a log file the user
+    # had to find (its error never reached the terminal).
+    from keras_transformer.training import launcher
+
+    monkeypatch.setattr(launcher, "worker_commands", lambda train_args, num_workers: _commands(
+        (60, "chief", 0), (0, "Could not start gRPC server", 3)))
+    assert launcher.launch_local_workers(["train"], 2, log_dir=tmp_path) == 3
+    err = capfd.readouterr().err
+    assert f"Worker 1 failed with exit code 3 (log: {tmp_path / 'worker-1.log'})" in err, err
+    assert "Could not start gRPC server" in err
+    assert (tmp_path / "worker-1.log").is_file()
+
+
+def test_the_launchers_own_log_directory_goes_when_every_worker_succeeded(tmp_path,
+                                                                          monkeypatch):
+    # Every launch without --log-dir left a keras-transformer-workers-* directory in /tmp.
+    from keras_transformer.training import launcher
+
+    logs = tmp_path / "logs"
+    monkeypatch.setattr(launcher.tempfile, "mkdtemp", lambda prefix: str(logs.mkdir() or logs))
+    monkeypatch.setattr(launcher, "worker_commands", lambda train_args, num_workers: _commands(
+        (0, "done", 0), (0, "done", 0)))
+    assert launcher.launch_local_workers(["train"], 2) == 0
+    assert not logs.exists()
+    # A failure keeps it: the log is what the user reads.
+    monkeypatch.setattr(launcher, "worker_commands", lambda train_args, num_workers: _commands(
+        (0, "done", 0), (0, "failed", 2)))
+    assert launcher.launch_local_workers(["train"], 2) == 2
+    assert (logs / "worker-1.log").read_text().strip() == "failed"

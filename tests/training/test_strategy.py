@@ -6,13 +6,15 @@ import pytest
 import tensorflow as tf
 
 from keras_transformer.training import strategy as strategy_module
+from keras_transformer.training.launcher import free_ports
 from keras_transformer.training.strategy import num_workers_from_tf_config, select_strategy
 
 
 def _tf_config(num_workers, chief=False):
-    cluster = {"worker": [f"host{i}:2222" for i in range(num_workers)]}
+    port = free_ports(1)[0]  # this task's port is probed: one nothing listens on
+    cluster = {"worker": [f"host{i}:{port}" for i in range(num_workers)]}
     if chief:
-        cluster["chief"] = ["chief:2222"]
+        cluster["chief"] = [f"chief:{port}"]
     return json.dumps({"cluster": cluster, "task": {"type": "worker", "index": 0}})
 
 
@@ -30,6 +32,7 @@ def fake_multi_worker(monkeypatch):
     monkeypatch.setattr(
         strategy_module.tf.distribute, "MultiWorkerMirroredStrategy", _FakeMultiWorker
     )
+    monkeypatch.setattr(strategy_module, "_OWN_SERVER_PORTS", set())  # no server started
 
 
 def test_default_strategy(monkeypatch):
@@ -133,3 +136,36 @@ def test_a_strategy_passed_to_train_gets_the_multi_worker_logs_fix(monkeypatch, 
     with pytest.raises(Stop):
         trainer.train(get_preset("tiny"), tmp_path, strategy=tf.distribute.get_strategy())
     assert getattr(keras_tf_trainer.reduce_per_replica, "_keras_transformer_fix", False)
+
+
+def test_a_cluster_naming_an_address_twice_is_refused(monkeypatch, fake_multi_worker):
+    # `--workers 127.0.0.1:5000,127.0.0.1:5000`: the second worker could not start its
+    # server ("Could not start gRPC server", told to resume), the first waited for it for
+    # the whole cluster timeout (30 minutes).
+    with pytest.raises(ValueError, match=r"h:1 twice"):
+        strategy_module.make_tf_config(["h:1", "h:2", "h:1"], 0)
+    monkeypatch.setenv("TF_CONFIG", json.dumps({"cluster": {"worker": ["h:1", "h:1"]},
+                                                "task": {"type": "worker", "index": 0}}))
+    with pytest.raises(ValueError, match=r"h:1 twice"):
+        select_strategy("auto")
+
+
+def test_a_port_in_use_on_this_machine_is_refused_before_connecting(monkeypatch,
+                                                                     fake_multi_worker):
+    import socket
+
+    with socket.socket() as busy, socket.socket() as other:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        other.bind(("127.0.0.1", 0))  # bound, not listening: free once closed
+        port, free = busy.getsockname()[1], other.getsockname()[1]
+        other.close()
+        workers = [f"127.0.0.1:{free}", f"127.0.0.1:{port}"]
+        monkeypatch.setenv("TF_CONFIG", strategy_module.make_tf_config(workers, 1))
+        for name in ("auto", "multi_worker"):
+            with pytest.raises(ValueError, match=rf"Port {port} .*127.0.0.1:{port} \(worker "
+                                                 r"1 of the cluster\) is in use"):
+                select_strategy(name)
+        # Only this task's own port is this machine's to check.
+        monkeypatch.setenv("TF_CONFIG", strategy_module.make_tf_config(workers, 0))
+        assert isinstance(select_strategy("auto"), _FakeMultiWorker)
