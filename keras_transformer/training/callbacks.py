@@ -101,6 +101,11 @@ class BleuCallback(keras.callbacks.Callback):
         initial_epoch=None,
     ):
         super().__init__()
+        if not callable(translate_fn):
+            raise ValueError(f"`translate_fn` must be a function from a list of source "
+                             f"sentences to their translations. Received: {translate_fn!r}")
+        if not len(sources):
+            raise ValueError("`sources` is empty: validation BLEU needs sentences to translate.")
         if len(sources) != len(references):
             raise ValueError(
                 "`sources` and `references` must have the same length. Received: "
@@ -448,6 +453,9 @@ class ModelSaver(keras.callbacks.Callback):
 
     def __init__(self, filepath, monitor=None, mode="auto", earlier=(), initial_epoch=None):
         super().__init__()
+        if not str(filepath).endswith((_MODEL_SUFFIX, _WEIGHTS_SUFFIX)):
+            raise ValueError(f"`filepath` must end with {_MODEL_SUFFIX!r} (the model) or "
+                             f"{_WEIGHTS_SUFFIX!r} (its weights). Received: {filepath!r}")
         if mode not in ("auto", "min", "max"):
             raise ValueError(f"mode must be 'auto', 'min' or 'max', got {mode!r}.")
         if mode == "auto":
@@ -473,6 +481,9 @@ class ModelSaver(keras.callbacks.Callback):
                 logger.warning("%s is not in the epoch's logs: %s not saved.", self.monitor,
                                self.filepath)
                 return
+            if np.ndim(value):
+                raise ValueError(f"{self.monitor!r} holds {np.size(value)} values: the best "
+                                 "model is chosen on a metric of one value.")
             value = float(value)
             if math.isnan(value):
                 return
@@ -574,7 +585,9 @@ class RunHistory(keras.callbacks.Callback):
             # with None, so every list is indexed by epoch.
             values = self.history.setdefault(key, [None] * (epochs - 1))
             values.extend([None] * (epochs - 1 - len(values)))
-            values.append(float(value))
+            # A metric of several values (`R2Score(class_aggregation=None)`) as a list.
+            values.append(float(value) if np.ndim(value) == 0 else
+                          np.asarray(value, dtype=float).tolist())
         for values in self.history.values():
             values.extend([None] * (epochs - len(values)))
         os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
@@ -934,6 +947,10 @@ class EpochCheckpoints(keras.callbacks.Callback):
     `keras-transformer average`): Vaswani et al. (2017) average the last 5 checkpoints of
     their base models.
 
+    A later `fit` into a directory holding checkpoints numbers its epochs after the newest
+    one ("train some more": an average takes its epochs); a new model needs a directory of
+    its own.
+
     Args:
         directory: string, where the files go (e.g. `<run>/checkpoints`).
         keep: int, how many of the latest epochs to keep (older files are deleted).
@@ -956,9 +973,20 @@ class EpochCheckpoints(keras.callbacks.Callback):
         self.directory = str(directory)
         self.keep = keep
 
+    def on_train_begin(self, logs=None):
+        self._offset = None
+
     def on_epoch_end(self, epoch, logs=None):
+        if getattr(self, "_offset", None) is None:
+            # `fit` counts epochs from 0 again (or from its `initial_epoch`): a fit that
+            # trains on numbers its epochs after the newest checkpoint on disk, which `keep`
+            # would otherwise delete its files as older than (`train` drops the
+            # checkpoints of epochs it trains again before it fits).
+            found = numbered_epoch_checkpoints(self.directory)
+            self._offset = max(found[-1][0] - epoch, 0) if found else 0
         os.makedirs(self.directory, exist_ok=True)
-        path = os.path.join(self.directory, EPOCH_CHECKPOINT_PATTERN.format(epoch=epoch + 1))
+        path = os.path.join(self.directory, EPOCH_CHECKPOINT_PATTERN.format(
+            epoch=epoch + 1 + self._offset))
         weights = [np.asarray(w) for w in self.model.get_weights()]
         # The partial name ends in .npz, which np.savez would otherwise add.
         replace_atomically(path, lambda temporary: np.savez(temporary, *weights))

@@ -1,6 +1,7 @@
 """Label-smoothed token cross-entropy that ignores padding and is exact under distribution."""
 
 import keras
+import numpy as np
 import tensorflow as tf
 from keras import ops
 
@@ -77,6 +78,35 @@ def smoothed_cross_entropy_from_logits(labels, logits, label_smoothing, pad_id):
     return forward(logits)
 
 
+def check_pad_id(pad_id, vocab_size=None):
+    """Refuses a padding id that is not `None` or an int in `[0, vocab_size)`: a negative
+    one (Keras' `ignore_class=-1` habit) would mask the last class in the loss's value while
+    its gradient smoothed it."""
+    if pad_id is None:
+        return
+    if isinstance(pad_id, bool) or not isinstance(pad_id, (int, np.integer)) or pad_id < 0 or (
+            vocab_size is not None and pad_id >= vocab_size):
+        within = f"[0, {vocab_size})" if vocab_size is not None else "[0, vocabulary size)"
+        raise ValueError(f"`pad_id` must be None or an int in {within}, the label id of "
+                         f"padding. Received: pad_id={pad_id!r}")
+
+
+def token_sample_weight(sample_weight, dtype):
+    """`sample_weight` as weights of `(B, T)` tokens: `(B,)` per sentence becomes `(B, 1)`,
+    Keras' per-timestep `(B, T, 1)` becomes `(B, T)`; other ranks are refused (they would
+    broadcast to a wrong shape)."""
+    sample_weight = ops.cast(sample_weight, dtype)
+    rank = len(sample_weight.shape)
+    if rank == 1:
+        return ops.expand_dims(sample_weight, -1)  # (B, 1)
+    if rank == 3 and sample_weight.shape[-1] == 1:
+        return ops.squeeze(sample_weight, axis=-1)
+    if rank != 2:
+        raise ValueError(f"`sample_weight` must have shape (B,), (B, T) or (B, T, 1). "
+                         f"Received: shape {tuple(sample_weight.shape)}")
+    return sample_weight
+
+
 @keras.saving.register_keras_serializable(package="keras_transformer")
 class MaskedSparseCategoricalCrossentropy(keras.losses.Loss):
     """Label-smoothed sparse cross-entropy averaged over the non-padding tokens.
@@ -111,20 +141,22 @@ class MaskedSparseCategoricalCrossentropy(keras.losses.Loss):
     Args:
         label_smoothing: float in `[0, 1)`, the probability mass taken from the true token
             and spread over the other classes. Defaults to `0.1`.
-        pad_id: int or `None`, the label id of padding; such positions are ignored.
-            `None` means no padding. Defaults to `0`.
+        pad_id: int or `None`, the label id of padding, in `[0, V)`; such positions are
+            ignored. `None` means no padding. Defaults to `0`.
         from_logits: bool, whether `y_pred` holds logits (`True`) or probabilities.
             Defaults to `True`.
         name: string, the name of the loss. Defaults to
             `"masked_sparse_categorical_crossentropy"`.
-        dtype: the dtype of the computation. Defaults to `"float32"` (logits of any
-            dtype, e.g. `bfloat16` under mixed precision, are cast to it).
+        dtype: the dtype of the computation: `"float32"`, the default and only one (logits
+            of any dtype, e.g. `bfloat16` under mixed precision, are cast to it).
 
     Call arguments:
         y_true: int tensor `(B, T)`, the target token ids (`pad_id` = padding).
         y_pred: float tensor `(B, T, V)`, logits (or probabilities).
-        sample_weight: optional float tensor `(B,)` or `(B, T)`; weights both the token
-            losses and the token count (a weighted token mean).
+        sample_weight: optional float tensor `(B,)`, `(B, T)` or `(B, T, 1)`; weights both
+            the token losses and the token count (a weighted token mean). (Keras'
+            `class_weight` reduces `(B, T)` targets to one class per sentence: pass token
+            weights as `sample_weight` instead.)
 
     Returns:
         A float32 scalar.
@@ -154,6 +186,12 @@ class MaskedSparseCategoricalCrossentropy(keras.losses.Loss):
             raise ValueError(
                 f"`label_smoothing` must be in [0, 1). Received: label_smoothing={label_smoothing}"
             )
+        check_pad_id(pad_id)
+        if isinstance(dtype, str) and keras.backend.standardize_dtype(dtype) != "float32":
+            raise ValueError(
+                f"The loss computes in float32 (logits of any dtype, e.g. bfloat16 under mixed "
+                f"precision, are cast to it). Received: dtype={dtype!r}"
+            )
         super().__init__(name=name, reduction="sum", dtype=dtype)
         self.label_smoothing = float(label_smoothing)
         self.pad_id = pad_id
@@ -170,6 +208,7 @@ class MaskedSparseCategoricalCrossentropy(keras.losses.Loss):
         y_true = ops.cast(y_true, "int32")
         if len(y_true.shape) == len(y_pred.shape):
             y_true = ops.squeeze(y_true, axis=-1)  # (B, T, 1) -> (B, T)
+        check_pad_id(self.pad_id, y_pred.shape[-1])
         if self.from_logits and keras.backend.backend() == "tensorflow":
             losses = smoothed_cross_entropy_from_logits(
                 y_true, ops.cast(y_pred, self.dtype), self.label_smoothing, self.pad_id
@@ -211,9 +250,7 @@ class MaskedSparseCategoricalCrossentropy(keras.losses.Loss):
             else:
                 weights = ops.cast(ops.not_equal(y_true, self.pad_id), self.dtype)
             if sample_weight is not None:
-                sample_weight = ops.cast(sample_weight, self.dtype)
-                if len(sample_weight.shape) == 1:
-                    sample_weight = ops.expand_dims(sample_weight, -1)  # (B, 1)
+                sample_weight = token_sample_weight(sample_weight, self.dtype)
                 weights = weights * sample_weight
                 losses = losses * sample_weight
             # This replica's token-loss sum over the global token count (see class doc).

@@ -4,7 +4,8 @@ import keras
 import tensorflow as tf
 from keras import ops
 
-from keras_transformer.training.losses import global_sum
+from keras_transformer.training.losses import (
+    check_pad_id, global_sum, token_sample_weight)
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
@@ -22,14 +23,16 @@ class MaskedAccuracy(keras.metrics.Metric):
     rather than a mean of per-replica accuracies.
 
     Args:
-        pad_id: int, the label id of padding. Defaults to `0`.
+        pad_id: int or `None`, the label id of padding (`None`: every token counts).
+            Defaults to `0`.
         name: string, the metric name. Defaults to `"masked_accuracy"`.
         dtype: the dtype of the counters. Defaults to `"float32"`.
 
     Call arguments (`update_state`):
         y_true: int tensor `(B, T)`, target ids.
         y_pred: float tensor `(B, T, V)`, logits or probabilities.
-        sample_weight: optional float tensor `(B,)` or `(B, T)` weighting tokens.
+        sample_weight: optional float tensor `(B,)`, `(B, T)` or `(B, T, 1)` weighting
+            tokens.
 
     Returns:
         `result()`: a float scalar in `[0, 1]` (0 when no real token was seen).
@@ -45,6 +48,7 @@ class MaskedAccuracy(keras.metrics.Metric):
 
     def __init__(self, pad_id=0, name="masked_accuracy", dtype="float32"):
         super().__init__(name=name, dtype=dtype)
+        check_pad_id(pad_id)
         self.pad_id = pad_id
         self.correct = self.add_variable(
             shape=(), initializer="zeros", dtype=self.dtype, name="correct"
@@ -61,12 +65,12 @@ class MaskedAccuracy(keras.metrics.Metric):
         # a float input to float32 and adds half a dozen passes to order -0.0 below 0.0,
         # which an accuracy does not need.
         predictions = tf.argmax(y_pred, axis=-1, output_type=tf.int32)  # (B, T)
-        weights = ops.cast(ops.not_equal(y_true, self.pad_id), self.dtype)
+        if self.pad_id is None:
+            weights = ops.ones_like(y_true, dtype=self.dtype)
+        else:
+            weights = ops.cast(ops.not_equal(y_true, self.pad_id), self.dtype)
         if sample_weight is not None:
-            sample_weight = ops.cast(sample_weight, self.dtype)
-            if len(sample_weight.shape) == 1:
-                sample_weight = ops.expand_dims(sample_weight, -1)  # (B, 1)
-            weights = weights * sample_weight
+            weights = weights * token_sample_weight(sample_weight, self.dtype)
         hits = ops.cast(ops.equal(predictions, y_true), self.dtype) * weights
         self.correct.assign_add(ops.sum(hits))
         self.count.assign_add(ops.sum(weights))

@@ -30,10 +30,10 @@ class TransformerSchedule(keras.optimizers.schedules.LearningRateSchedule):
     Args:
         d_model: int, the model width; the rate scales with `d_model**-0.5`.
         warmup_steps: int, number of steps of linear warmup. Defaults to `4000`.
-        scale: float, a constant multiplier of the whole rate (1.0 is the paper).
+        scale: float > 0, a constant multiplier of the whole rate (1.0 is the paper).
             Defaults to `1.0`.
-        total_steps: int or `None`, the number of updates of the whole run; needed
-            with `cooldown_steps`. Defaults to `None`.
+        total_steps: int or `None`, the number of updates of the whole run; only with
+            `cooldown_steps` (needed by it). Defaults to `None`.
         cooldown_steps: int, updates at the end of the run over which the rate falls
             linearly to zero; `0` (no cooldown) or at most `total_steps`. Defaults to `0`.
 
@@ -67,6 +67,14 @@ class TransformerSchedule(keras.optimizers.schedules.LearningRateSchedule):
                 "`d_model` and `warmup_steps` must be positive. Received: "
                 f"d_model={d_model}, warmup_steps={warmup_steps}"
             )
+        if not scale > 0 or scale == float("inf"):
+            raise ValueError(f"`scale` must be a positive number (the rate's multiplier). "
+                             f"Received: scale={scale}")
+        if total_steps is not None and not cooldown_steps:
+            raise ValueError(
+                "`total_steps` sets where a cooldown ends: give `cooldown_steps` with it "
+                f"(without a cooldown the rate does not depend on the run's length). "
+                f"Received: total_steps={total_steps}, cooldown_steps={cooldown_steps}")
         _check_run_length(total_steps, cooldown_steps)
         self.d_model = d_model
         self.warmup_steps = warmup_steps

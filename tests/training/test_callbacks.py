@@ -785,3 +785,46 @@ def test_dropout_seeds_do_not_depend_on_models_built_before():
     first = masks(one)
     assert first == masks(other)
     assert first[0] != first[1], "two dropouts of one model draw the same masks"
+
+
+def test_epoch_checkpoints_of_a_second_fit_follow_the_first(tmp_path):
+    # Numbered by `fit`'s epoch, which starts at 0 again: "train some more" wrote
+    # epoch-001.., which `keep` then deleted as older than the first fit's epoch-003, and
+    # an average took the first fit's weights.
+    from keras_transformer.training.averaging import average_checkpoints
+
+    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+    model.compile(optimizer="sgd", loss="mse")
+    x, y = np.ones((8, 2)), np.full((8, 1), 3.0)
+    checkpoints = EpochCheckpoints(tmp_path, keep=2)
+    model.fit(x, y, epochs=3, verbose=0, callbacks=[checkpoints])
+    model.fit(x, y, epochs=2, verbose=0, callbacks=[checkpoints])
+    assert sorted(os.listdir(tmp_path)) == ["epoch-004.weights.npz", "epoch-005.weights.npz"]
+    newest = average_checkpoints([tmp_path / "epoch-005.weights.npz"])
+    assert all(np.array_equal(a, b) for a, b in zip(newest, model.get_weights()))
+    # A new callback on the same directory, and a fit that names its initial epoch.
+    model.fit(x, y, epochs=1, verbose=0, callbacks=[EpochCheckpoints(tmp_path, keep=2)])
+    model.fit(x, y, initial_epoch=6, epochs=7, verbose=0,
+              callbacks=[EpochCheckpoints(tmp_path, keep=2)])
+    assert sorted(os.listdir(tmp_path)) == ["epoch-006.weights.npz", "epoch-007.weights.npz"]
+
+
+def test_callbacks_refuse_what_would_fail_after_an_epoch(tmp_path):
+    from keras_transformer.training.callbacks import ModelSaver
+
+    with pytest.raises(ValueError, match="translate_fn"):
+        BleuCallback(None, ["a"], ["b"])
+    with pytest.raises(ValueError, match="sources"):
+        BleuCallback(lambda sentences: sentences, [], [])
+    with pytest.raises(ValueError, match=r"\.keras"):
+        ModelSaver(str(tmp_path / "m.h5"))
+
+
+def test_run_history_keeps_a_metric_of_several_values(tmp_path):
+    # A model compiled with `R2Score(class_aggregation=None)` (one value per output) failed
+    # after its first epoch: "only 0-dimensional arrays can be converted".
+    history = RunHistory(str(tmp_path / "history.json"))
+    history.set_model(keras.Sequential([keras.Input((1,))]))
+    history.on_epoch_begin(0)
+    history.on_epoch_end(0, {"loss": np.float32(0.5), "r2": np.array([0.25, 0.75])})
+    assert read_run_history(tmp_path / "history.json")["history"]["r2"] == [[0.25, 0.75]]

@@ -2,6 +2,7 @@
 
 import keras
 import numpy as np
+import pytest
 
 from keras_transformer.training.metrics import MaskedAccuracy
 
@@ -64,3 +65,19 @@ def test_bfloat16_logits_give_the_float32_result():
         metric.update_state(labels, keras.ops.cast(logits, dtype))
         results.append(float(metric.result()))
     np.testing.assert_allclose(results, [2 / 3, 2 / 3], rtol=1e-6)
+
+
+def test_pad_id_none_counts_every_token_as_the_loss_does():
+    # The loss takes `pad_id=None` (no padding); the metric failed at the first batch.
+    metric = MaskedAccuracy(pad_id=None)
+    logits = np.eye(4, dtype="float32")[[[1, 2, 3]]]  # predicts 1, 2, 3
+    metric.update_state(np.array([[1, 3, 0]]), logits)
+    assert float(metric.result()) == pytest.approx(1 / 3)
+    assert MaskedAccuracy.from_config(metric.get_config()).pad_id is None
+
+
+def test_per_timestep_sample_weights_of_shape_b_t_1_weigh_tokens():
+    metric = MaskedAccuracy()
+    logits = np.eye(4, dtype="float32")[[[1, 2, 3]]]
+    metric.update_state(np.array([[1, 3, 3]]), logits, sample_weight=np.array([[[1], [0], [0]]]))
+    assert float(metric.count) == 1.0 and float(metric.result()) == 1.0

@@ -94,3 +94,13 @@ def test_set_run_length_moves_the_cooldown_inside_a_compiled_function():
         schedule.set_run_length(10, 40)
     with pytest.raises(ValueError, match="set_run_length"):
         TransformerSchedule(d_model=64, warmup_steps=10).set_run_length(100, 20)
+
+
+def test_settings_the_schedule_would_ignore_or_turn_negative_are_refused():
+    # `total_steps` without `cooldown_steps` was dropped (and from get_config) silently; a
+    # negative `scale` gave a negative learning rate.
+    with pytest.raises(ValueError, match="total_steps.*cooldown_steps"):
+        TransformerSchedule(512, 4000, total_steps=100)
+    for scale in (-1.0, 0.0, float("nan")):
+        with pytest.raises(ValueError, match="scale"):
+            TransformerSchedule(512, 4000, scale=scale)
