@@ -460,7 +460,8 @@ class ModelSaver(keras.callbacks.Callback):
             raise ValueError(f"mode must be 'auto', 'min' or 'max', got {mode!r}.")
         if mode == "auto":
             mode = "max" if monitor and ("acc" in monitor or "bleu" in monitor) else "min"
-        earlier = [v for v in earlier if v is not None and not math.isnan(v)]
+        earlier = [v for v in earlier
+                   if v is not None and np.ndim(v) == 0 and not math.isnan(v)]
         self.filepath, self.monitor, self.mode = filepath, monitor, mode
         self.best = (min if mode == "min" else max)(earlier) if earlier else None
         self.initial_epoch = initial_epoch
@@ -947,9 +948,13 @@ class EpochCheckpoints(keras.callbacks.Callback):
     `keras-transformer average`): Vaswani et al. (2017) average the last 5 checkpoints of
     their base models.
 
-    A later `fit` into a directory holding checkpoints numbers its epochs after the newest
-    one ("train some more": an average takes its epochs); a new model needs a directory of
-    its own.
+    Numbering, decided when a `fit` begins its first epoch:
+    - it begins at epoch 0 with a model that has trained (its optimizer has taken steps)
+      and the directory holds checkpoints: "train some more", numbered after the newest;
+    - otherwise the number is the epoch's own: a run resumed at epoch E (`initial_epoch`,
+      a restored backup) first removes the checkpoints after E, which a process killed
+      before its backup wrote (and a new model, at epoch 0 with an untrained optimizer,
+      removes an earlier run's, saying so), so that an average never mixes them in.
 
     Args:
         directory: string, where the files go (e.g. `<run>/checkpoints`).
@@ -972,18 +977,34 @@ class EpochCheckpoints(keras.callbacks.Callback):
             raise ValueError(f"`keep` must be >= 1. Received: keep={keep}")
         self.directory = str(directory)
         self.keep = keep
+        self._offset = None
 
     def on_train_begin(self, logs=None):
         self._offset = None
 
+    def on_epoch_begin(self, epoch, logs=None):
+        if self._offset is None:
+            self._number_from(epoch)
+
+    def _number_from(self, epoch):
+        """Decides this fit's numbering at its first epoch (see the class docstring)."""
+        found = numbered_epoch_checkpoints(self.directory)
+        optimizer = getattr(self.model, "optimizer", None)
+        trained = optimizer is not None and int(optimizer.iterations) > 0
+        if epoch == 0 and trained and found:
+            self._offset = found[-1][0]
+            return
+        self._offset = 0
+        later = [path for number, path in found if number > epoch]
+        if later and not epoch:
+            logger.warning("EpochCheckpoints: a new model's first epoch; removing the %d "
+                           "checkpoint(s) of an earlier run in %s.", len(later),
+                           self.directory)
+        drop_epoch_checkpoints_after(self.directory, epoch)
+
     def on_epoch_end(self, epoch, logs=None):
-        if getattr(self, "_offset", None) is None:
-            # `fit` counts epochs from 0 again (or from its `initial_epoch`): a fit that
-            # trains on numbers its epochs after the newest checkpoint on disk, which `keep`
-            # would otherwise delete its files as older than (`train` drops the
-            # checkpoints of epochs it trains again before it fits).
-            found = numbered_epoch_checkpoints(self.directory)
-            self._offset = max(found[-1][0] - epoch, 0) if found else 0
+        if self._offset is None:
+            self._number_from(epoch)
         os.makedirs(self.directory, exist_ok=True)
         path = os.path.join(self.directory, EPOCH_CHECKPOINT_PATTERN.format(
             epoch=epoch + 1 + self._offset))

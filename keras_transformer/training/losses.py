@@ -97,12 +97,15 @@ def token_sample_weight(sample_weight, dtype):
     broadcast to a wrong shape)."""
     sample_weight = ops.cast(sample_weight, dtype)
     rank = len(sample_weight.shape)
+    if rank == 0:
+        return sample_weight  # one weight for every token: the weighted mean is the mean
     if rank == 1:
         return ops.expand_dims(sample_weight, -1)  # (B, 1)
     if rank == 3 and sample_weight.shape[-1] == 1:
         return ops.squeeze(sample_weight, axis=-1)
     if rank != 2:
-        raise ValueError(f"`sample_weight` must have shape (B,), (B, T) or (B, T, 1). "
+        raise ValueError(f"`sample_weight` must be a scalar or have shape (B,), (B, T) or "
+                         f"(B, T, 1). "
                          f"Received: shape {tuple(sample_weight.shape)}")
     return sample_weight
 
@@ -147,8 +150,9 @@ class MaskedSparseCategoricalCrossentropy(keras.losses.Loss):
             Defaults to `True`.
         name: string, the name of the loss. Defaults to
             `"masked_sparse_categorical_crossentropy"`.
-        dtype: the dtype of the computation: `"float32"`, the default and only one (logits
-            of any dtype, e.g. `bfloat16` under mixed precision, are cast to it).
+        dtype: the dtype of the computation: `"float32"`, the default and the only one
+            from logits (logits of any dtype, e.g. `bfloat16` under mixed precision, are
+            cast to it).
 
     Call arguments:
         y_true: int tensor `(B, T)`, the target token ids (`pad_id` = padding).
@@ -187,10 +191,10 @@ class MaskedSparseCategoricalCrossentropy(keras.losses.Loss):
                 f"`label_smoothing` must be in [0, 1). Received: label_smoothing={label_smoothing}"
             )
         check_pad_id(pad_id)
-        if isinstance(dtype, str) and keras.backend.standardize_dtype(dtype) != "float32":
+        if from_logits and isinstance(dtype, str) and dtype != "float32":
             raise ValueError(
-                f"The loss computes in float32 (logits of any dtype, e.g. bfloat16 under mixed "
-                f"precision, are cast to it). Received: dtype={dtype!r}"
+                f"The loss computes from logits in float32 (logits of any dtype, e.g. bfloat16 "
+                f"under mixed precision, are cast to it). Received: dtype={dtype!r}"
             )
         super().__init__(name=name, reduction="sum", dtype=dtype)
         self.label_smoothing = float(label_smoothing)

@@ -75,9 +75,9 @@ def make_optimizer(
     Args:
         d_model: int, the model width (sets the schedule's scale `d_model**-0.5`).
         warmup_steps: int, steps of linear learning-rate warmup.
-        scale: float, multiplier of the learning rate. Defaults to `1.0`.
-        total_steps: int or `None`, updates of the whole run (for the cooldown).
-            Defaults to `None`.
+        scale: float > 0, multiplier of the learning rate. Defaults to `1.0`.
+        total_steps: int or `None`, updates of the whole run, where the cooldown ends;
+            only with `cooldown_steps`. Defaults to `None`.
         cooldown_steps: int, last updates over which the rate falls linearly to zero
             (see `TransformerSchedule`); `0` = none. Defaults to `0`.
         clipnorm: float or `None`, clip each variable's gradient *separately* to this

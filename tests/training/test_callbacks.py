@@ -828,3 +828,24 @@ def test_run_history_keeps_a_metric_of_several_values(tmp_path):
     history.on_epoch_begin(0)
     history.on_epoch_end(0, {"loss": np.float32(0.5), "r2": np.array([0.25, 0.75])})
     assert read_run_history(tmp_path / "history.json")["history"]["r2"] == [[0.25, 0.75]]
+
+
+def test_epoch_checkpoints_of_a_resumed_fit_replace_what_the_killed_one_wrote(tmp_path):
+    # The review: a fit resumed at epoch 2 (a backup of epoch 2; the killed process had
+    # written epoch-003 before its backup) numbered its epochs 4, 5, ... after that stale
+    # file, and an average took epoch 3 twice.
+    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+    model.compile(optimizer="sgd", loss="mse")
+    x, y = np.ones((8, 2)), np.full((8, 1), 3.0)
+    model.fit(x, y, epochs=3, verbose=0, callbacks=[EpochCheckpoints(tmp_path, keep=5)])
+    model.fit(x, y, initial_epoch=2, epochs=4, verbose=0,
+              callbacks=[EpochCheckpoints(tmp_path, keep=5)])
+    assert sorted(os.listdir(tmp_path)) == [f"epoch-00{i}.weights.npz" for i in (1, 2, 3, 4)]
+    newest = np.load(tmp_path / "epoch-004.weights.npz")
+    assert all(np.array_equal(newest[f"arr_{i}"], w) for i, w in enumerate(model.get_weights()))
+    # A new model (an untrained optimizer) from epoch 0 does not number after an earlier
+    # run's checkpoints, nor average with them: they go.
+    fresh = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+    fresh.compile(optimizer="sgd", loss="mse")
+    fresh.fit(x, y, epochs=2, verbose=0, callbacks=[EpochCheckpoints(tmp_path, keep=5)])
+    assert sorted(os.listdir(tmp_path)) == ["epoch-001.weights.npz", "epoch-002.weights.npz"]

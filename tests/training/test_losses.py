@@ -144,6 +144,9 @@ def test_per_timestep_sample_weights_of_shape_b_t_1_weigh_tokens():
         expected, rel=1e-6)
     with pytest.raises(ValueError, match="sample_weight"):
         loss(labels, logits, sample_weight=np.ones((2, 5, 2), "float32"))
+    # A scalar weighs every token alike (Keras' losses take one).
+    assert float(loss(labels, logits, sample_weight=2.0)) == pytest.approx(
+        float(loss(labels, logits)), rel=1e-6)
 
 
 @pytest.mark.parametrize("pad_id", [-1, VOCAB_SIZE, True, 1.5])
@@ -161,3 +164,4 @@ def test_a_computation_dtype_other_than_float32_is_refused_when_made():
     with pytest.raises(ValueError, match="float32"):
         MaskedSparseCategoricalCrossentropy(dtype="bfloat16")
     MaskedSparseCategoricalCrossentropy(dtype="float32")
+    MaskedSparseCategoricalCrossentropy(from_logits=False, dtype="float64")  # as before
