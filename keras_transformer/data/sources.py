@@ -331,9 +331,6 @@ class TsvSource(ParallelSource):
                 for _ in read_tsv(path, SplitReport(), keep_all=True):
                     pass
 
-    def _read(self, split, report, keep_all):
-        return read_tsv(self.files[split], report, keep_all=keep_all)
-
     def _read_at_most(self, split, report, keep_all, limit):
         return read_tsv(self.files[split], report, keep_all=keep_all, limit=limit)
 

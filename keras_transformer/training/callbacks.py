@@ -995,12 +995,11 @@ class EpochCheckpoints(keras.callbacks.Callback):
             self._offset = found[-1][0]
             return
         self._offset = 0
-        later = [path for number, path in found if number > epoch]
-        if later and not epoch:
-            logger.warning("EpochCheckpoints: a new model's first epoch; removing the %d "
-                           "checkpoint(s) of an earlier run in %s.", len(later),
+        removed = drop_epoch_checkpoints_after(self.directory, epoch)
+        if removed and not epoch:
+            logger.warning("EpochCheckpoints: a new model's first epoch; removed the %d "
+                           "checkpoint(s) of an earlier run in %s.", len(removed),
                            self.directory)
-        drop_epoch_checkpoints_after(self.directory, epoch)
 
     def on_epoch_end(self, epoch, logs=None):
         if self._offset is None:
@@ -1017,10 +1016,12 @@ class EpochCheckpoints(keras.callbacks.Callback):
 
 def drop_epoch_checkpoints_after(directory, epochs):
     """Removes the `EpochCheckpoints` files in `directory` of epochs after `epochs` (those a
-    process killed before its backup wrote: the resumed run trains those epochs again)."""
-    for epoch, path in numbered_epoch_checkpoints(directory):
-        if epoch > epochs:
-            os.remove(path)
+    process killed before its backup wrote: the resumed run trains those epochs again);
+    returns their paths."""
+    removed = [path for epoch, path in numbered_epoch_checkpoints(directory) if epoch > epochs]
+    for path in removed:
+        os.remove(path)
+    return removed
 
 
 def make_callbacks(

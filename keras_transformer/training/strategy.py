@@ -233,12 +233,9 @@ def check_own_port(tf_config=None):
 
     if tf_config is None:
         tf_config = os.environ.get("TF_CONFIG", "")
-    port = _own_port_of(tf_config)
+    task_type, index, address, port = _own_address(tf_config) or (None, None, None, None)
     if port is None or port in _OWN_SERVER_PORTS:
         return
-    config = json.loads(tf_config)
-    task = config["task"]
-    address = config["cluster"][task["type"]][int(task.get("index", 0))]
     for family, host in ((socket.AF_INET, ""), (socket.AF_INET6, "::")):
         try:
             with socket.socket(family, socket.SOCK_STREAM) as probe:
@@ -252,8 +249,8 @@ def check_own_port(tf_config=None):
             if error.errno != errno.EADDRINUSE:
                 continue  # no such sockets here, or not this user's to bind: TensorFlow's
             raise ValueError(
-                f"Port {port} of this worker's address {address} ({task['type']} "
-                f"{task.get('index', 0)} of the cluster) is in use on this machine: a "
+                f"Port {port} of this worker's address {address} ({task_type} "
+                f"{index} of the cluster) is in use on this machine: a "
                 "program listens there or a connection holds it (another worker of this "
                 "cluster given the same port under another name, a worker of another run). "
                 "Free it, or give this worker a free port in --workers (TF_CONFIG), the same "
@@ -261,8 +258,9 @@ def check_own_port(tf_config=None):
                 "ports).") from None
 
 
-def _own_port_of(tf_config):
-    """The port of this task's `host:port` in `TF_CONFIG`, or `None` where it names none."""
+def _own_address(tf_config):
+    """`(task type, index, address, port)` of this task in `TF_CONFIG`, or `None` without
+    one; `port` is `None` where the address names none."""
     if not num_workers_from_tf_config(tf_config):
         return None
     config = json.loads(tf_config)
@@ -272,7 +270,8 @@ def _own_port_of(tf_config):
     if not 0 <= index < len(tasks):
         return None  # check_training_task says so
     port = str(tasks[index]).rpartition(":")[2]
-    return int(port) if port.isdigit() and 0 < int(port) < 65536 else None
+    port = int(port) if port.isdigit() and 0 < int(port) < 65536 else None
+    return task.get("type"), index, tasks[index], port
 
 
 def worker_write_dir(output_dir, strategy):
@@ -532,6 +531,9 @@ def check_strategy(name="auto", devices=None,
         devices: list of device strings or `None`, the devices of `"mirrored"`.
         cluster_timeout_minutes: float or `None`, see `select_strategy`.
 
+    Returns:
+        int, the number of workers `TF_CONFIG` names (`num_workers_from_tf_config`).
+
     Raises:
         ValueError: saying which.
     """
@@ -553,6 +555,7 @@ def check_strategy(name="auto", devices=None,
             f"strategy {name!r} trains this process alone (each worker would train a run of "
             "its own, into the same directory): use 'auto' or 'multi_worker', or unset "
             "TF_CONFIG (and --workers) to train on one machine.")
+    return workers
 
 
 def select_strategy(name="auto", devices=None,
@@ -601,9 +604,8 @@ def select_strategy(name="auto", devices=None,
     >>> strategy.num_replicas_in_sync
     1
     """
-    check_strategy(name, devices, cluster_timeout_minutes)
+    num_workers = check_strategy(name, devices, cluster_timeout_minutes)
     if name == "auto":
-        num_workers = num_workers_from_tf_config()
         # Physical, not logical: listing logical devices would initialize the context
         # before MultiWorkerMirroredStrategy can configure it.
         num_gpus = len(tf.config.list_physical_devices("GPU"))
@@ -633,8 +635,8 @@ def select_strategy(name="auto", devices=None,
                 implementation=implementation
             )
         ), cluster_timeout_minutes)
-        if port := _own_port_of(os.environ.get("TF_CONFIG", "")):
-            _OWN_SERVER_PORTS.add(port)
+        if own := _own_address(os.environ.get("TF_CONFIG", "")):
+            _OWN_SERVER_PORTS.add(own[3])
         fix_keras_multi_worker_logs()
     else:
         if devices is None:
