@@ -170,14 +170,14 @@ def _data_overrides(args, set_languages=(None, None), config_languages=(None, No
 
 
 def _own_config_path(args):
-    """The run's `config.json` when `train` was given neither `--preset` nor `--config`.
+    """The run's `config.json` when `train` was given neither `--preset` nor `--config`:
+    the run continues, or with `--overwrite` starts over, with its own recipe.
 
-    Only for one process, and not with `--overwrite` (which starts over): workers on
-    several machines may not share the run directory, and a worker without the file would
-    otherwise build another model than the chief.
+    Only for one process: workers on several machines may not share the run directory, and
+    a worker without the file would otherwise build another model than the chief.
     """
     path = pathlib.Path(args.output) / "config.json"
-    if args.overwrite or os.environ.get("TF_CONFIG") or not path.is_file():
+    if os.environ.get("TF_CONFIG") or not path.is_file():
         return None
     return path
 
@@ -203,7 +203,12 @@ def _load_config(args):
         config = get_preset(args.preset)
     elif own_config is not None:
         config = TrainingConfig.from_file(own_config)
-        print(f"Continuing {args.output} with its own configuration ({own_config})", flush=True)
+        if args.overwrite:
+            print(f"Starting {args.output} over with its own configuration ({own_config}); "
+                  "--preset or --config trains another", flush=True)
+        else:
+            print(f"Continuing {args.output} with its own configuration ({own_config})",
+                  flush=True)
     else:
         config = get_preset(DEFAULT_PRESET)
     overrides = _parse_overrides(args.set)
@@ -355,7 +360,7 @@ def cmd_average(args):
     default = pathlib.Path(args.model) / "checkpoints" / AVERAGED_NAME
     if pathlib.Path(path).resolve() == default.resolve():
         use = (f"export it with `keras-transformer export --model {args.model} --checkpoint "
-               "averaged`")
+               f"averaged --out {pathlib.Path(args.model) / 'export'}`")
     else:  # export reads the run's own file only
         use = ("a Keras model file (`keras.saving.load_model`); `export --checkpoint averaged` "
                f"exports {default} instead")
@@ -853,7 +858,9 @@ def build_parser():
     export.add_argument("--version", type=int, help="default: the next free integer")
     export.add_argument("--checkpoint", default="best",
                         choices=["best", "final", "last", "averaged"])
-    export.add_argument("--search", default="beam", choices=SEARCHES)
+    export.add_argument("--search", default="beam", choices=SEARCHES,
+                        help="the translate signature's search (default beam); sample also "
+                        "exports translate_seeded(text, seed), one int64 seed per sentence")
     export.add_argument("--beam-size", type=int, help="beam search's hypotheses (default 4)")
     export.add_argument("--alpha", type=float,
                         help="beam search's length penalty strength (default 0.6)")
@@ -880,9 +887,7 @@ def build_parser():
     export.add_argument("--top-k", type=int, default=0,
                         help="--search sample: sample among the k most likely tokens (0 = off)")
     export.add_argument("--top-p", type=float, default=1.0,
-                        help="--search sample: nucleus mass in (0, 1] (1.0 = off); the export "
-                        "adds a translate_seeded(text, seed) signature, one int64 seed per "
-                        "sentence")
+                        help="--search sample: nucleus mass in (0, 1] (1.0 = off)")
     export.add_argument("--jit", action="store_true",
                         help="compile the encoder and the search loop with XLA (faster; the "
                         "model server must run with --xla_cpu_compilation_enabled=true); "

@@ -145,7 +145,12 @@ def test_a_run_continues_with_its_own_config_without_preset(tmp_path, monkeypatc
     assert "its own configuration" in capsys.readouterr().out
     assert load("--epochs", "5") == tiny.replace(epochs=5)
     assert load("--preset", "quick") == get_preset("quick")  # asked for: checked on resume
-    assert load("--overwrite") == get_preset("quick")  # starting over: the default preset
+    # Starting over keeps the run's recipe: `--overwrite` alone trained the default preset
+    # instead, without a word (a `multi30k` run started over as a 2-epoch `quick` one).
+    assert load("--overwrite") == tiny
+    assert "over with its own configuration" in capsys.readouterr().out
+    assert load("--overwrite", "--epochs", "5") == tiny.replace(epochs=5)
+    assert load("--overwrite", "--preset", "quick") == get_preset("quick")
     empty = tmp_path / "new"
     assert _load_config(build_parser().parse_args(["train", "--output", str(empty)])) == (
         get_preset("quick"))

@@ -242,6 +242,21 @@ def test_average_to_another_file_does_not_point_export_at_the_run(run_dir, capsy
     assert "export it with `keras-transformer export" in capsys.readouterr().out
 
 
+def test_the_export_command_average_suggests_runs_as_printed(run_dir, capsys):
+    # `average` said "export it with `keras-transformer export --model RUN --checkpoint
+    # averaged`", which export refused: its --out is required.
+    import shlex
+
+    from keras_transformer.cli import build_parser, main
+
+    main(["average", "--model", str(run_dir), "--last", "2"])
+    said = capsys.readouterr().out
+    command = shlex.split(said.split("export it with `", 1)[1].split("`", 1)[0])
+    assert command[:2] == ["keras-transformer", "export"]
+    args = build_parser().parse_args(command[1:])
+    assert (args.model, args.checkpoint) == (str(run_dir), "averaged") and args.out
+
+
 def test_an_average_killed_while_saving_leaves_no_partial_model_behind(run_dir):
     # A kill -9 during `keras-transformer average` left `.partial-PID-averaged.keras` (a whole
     # model) in checkpoints/ until the next training start; the next average removes it.
