@@ -9,6 +9,7 @@ import json
 import os
 import pathlib
 import re
+import shlex
 import shutil
 import stat
 import sys
@@ -173,11 +174,13 @@ def _own_config_path(args):
     """The run's `config.json` when `train` was given neither `--preset` nor `--config`:
     the run continues, or with `--overwrite` starts over, with its own recipe.
 
-    Only for one process: workers on several machines may not share the run directory, and
-    a worker without the file would otherwise build another model than the chief.
+    Not for several workers: their machines may not share the run directory, and a worker
+    without the file would otherwise build another model than the chief.
     """
+    from keras_transformer.training.strategy import num_workers_from_tf_config
+
     path = pathlib.Path(args.output) / "config.json"
-    if os.environ.get("TF_CONFIG") or not path.is_file():
+    if num_workers_from_tf_config() > 1 or not path.is_file():
         return None
     return path
 
@@ -202,7 +205,12 @@ def _load_config(args):
     elif args.preset:
         config = get_preset(args.preset)
     elif own_config is not None:
-        config = TrainingConfig.from_file(own_config)
+        try:
+            config = TrainingConfig.from_file(own_config)
+        except (OSError, ValueError) as error:
+            raise SystemExit(
+                f"{own_config}, the run's own configuration, cannot be read ({error}): pass "
+                "--preset or --config to train another.") from None
         if args.overwrite:
             print(f"Starting {args.output} over with its own configuration ({own_config}); "
                   "--preset or --config trains another", flush=True)
@@ -211,11 +219,18 @@ def _load_config(args):
                   flush=True)
     else:
         config = get_preset(DEFAULT_PRESET)
+        if pathlib.Path(args.output).is_dir():
+            # A directory there but no recipe (an --overwrite interrupted after deleting the
+            # run, before training wrote config.json): say what trains.
+            print(f"No --preset or --config, and {args.output} holds no config.json: training "
+                  f"the default preset {DEFAULT_PRESET!r}", flush=True)
     overrides = _parse_overrides(args.set)
     keys = ("source_lang", "target_lang")
     overrides.update(_data_overrides(
         args, set_languages=[overrides.get(key) for key in keys],
         config_languages=[getattr(config, key) for key in keys]))
+    if overrides.get("data", config.data) != config.data and "data_files" not in overrides:
+        overrides["data_files"] = None  # the configuration's files belong to its own source
     if args.epochs is not None:
         overrides["epochs"] = args.epochs
     if args.mixed_precision is not None:
@@ -359,8 +374,9 @@ def cmd_average(args):
     names = ", ".join(pathlib.Path(p).name for p in used)
     default = pathlib.Path(args.model) / "checkpoints" / AVERAGED_NAME
     if pathlib.Path(path).resolve() == default.resolve():
-        use = (f"export it with `keras-transformer export --model {args.model} --checkpoint "
-               f"averaged --out {pathlib.Path(args.model) / 'export'}`")
+        use = (f"export it with `keras-transformer export --model {shlex.quote(args.model)} "
+               f"--checkpoint averaged --out "
+               f"{shlex.quote(str(pathlib.Path(args.model) / 'export'))}`")
     else:  # export reads the run's own file only
         use = ("a Keras model file (`keras.saving.load_model`); `export --checkpoint averaged` "
                f"exports {default} instead")

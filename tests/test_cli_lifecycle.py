@@ -1,6 +1,7 @@
 """A run's life from the command line: `--overwrite` safety, `make run` resumes and
 reuses, `average`, `launch` arguments."""
 
+import json
 import os
 import pathlib
 import shutil
@@ -128,6 +129,56 @@ def test_resuming_with_another_config_is_refused(tmp_path):
     (tmp_path / "history.json").write_text('{"epoch_seconds": [1.0]}')
     with pytest.raises(SystemExit, match="d_model: 16 in the run, 32 now"):
         main(_train_args(tmp_path, "--set", "d_model=32"))
+
+
+def test_starting_a_run_over_keeps_its_recipe_on_one_worker_and_says_when_it_cannot(
+        tmp_path, monkeypatch, capsys):
+    # Review of the --overwrite change: a one-worker TF_CONFIG (launch --local-workers 1)
+    # still trained the default preset silently; an unreadable config.json stopped
+    # --overwrite without saying how to go on; a run directory without config.json (an
+    # --overwrite interrupted before training wrote it) trained `quick` without a word.
+    from keras_transformer.cli import _load_config
+    from keras_transformer.training import get_preset
+
+    def load(*extra):
+        return _load_config(build_parser().parse_args(["train", "--output", str(tmp_path), *extra]))
+
+    tiny = get_preset("tiny").replace(epochs=3)
+    tiny.to_file(tmp_path / "config.json")
+    monkeypatch.setenv("TF_CONFIG", json.dumps(
+        {"cluster": {"worker": ["localhost:1"]}, "task": {"type": "worker", "index": 0}}))
+    assert load("--overwrite") == tiny
+    monkeypatch.delenv("TF_CONFIG")
+    (tmp_path / "config.json").write_text("{not json")
+    with pytest.raises(SystemExit, match="--preset or --config"):
+        load("--overwrite")
+    (tmp_path / "config.json").unlink()
+    capsys.readouterr()
+    assert load("--overwrite") == get_preset("quick")
+    assert "the default preset 'quick'" in capsys.readouterr().out
+    new = tmp_path / "new"
+    _load_config(build_parser().parse_args(["train", "--output", str(new)]))
+    assert "default preset" not in capsys.readouterr().out  # a new run: nothing to say
+
+
+def test_another_data_source_drops_the_configs_data_files(tmp_path, monkeypatch):
+    # --data multi30k on a run of the user's own files kept the files' `data_files` in the
+    # new configuration (reachable since --overwrite reuses the run's own config.json).
+    from keras_transformer.cli import _load_config
+    from keras_transformer.training import get_preset
+
+    monkeypatch.delenv("TF_CONFIG", raising=False)
+    (tmp_path / "train.en").write_text("a\n")
+    (tmp_path / "train.de").write_text("b\n")
+    files = get_preset("tiny").replace(
+        data="files", data_files={"train": [str(tmp_path / "train.en"),
+                                            str(tmp_path / "train.de")]})
+    run = tmp_path / "run"
+    run.mkdir()
+    files.to_file(run / "config.json")
+    config = _load_config(build_parser().parse_args(
+        ["train", "--output", str(run), "--overwrite", "--data", "multi30k"]))
+    assert config.data == "multi30k" and config.data_files is None
 
 
 def test_a_run_continues_with_its_own_config_without_preset(tmp_path, monkeypatch, capsys):

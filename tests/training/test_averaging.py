@@ -255,6 +255,16 @@ def test_the_export_command_average_suggests_runs_as_printed(run_dir, capsys):
     assert command[:2] == ["keras-transformer", "export"]
     args = build_parser().parse_args(command[1:])
     assert (args.model, args.checkpoint) == (str(run_dir), "averaged") and args.out
+    # A run whose path has a space: the printed command still pastes as one.
+    import shutil
+
+    spaced = run_dir.parent / "my run"
+    shutil.copytree(run_dir, spaced)
+    main(["average", "--model", str(spaced), "--last", "2"])
+    said = capsys.readouterr().out
+    command = shlex.split(said.split("export it with `", 1)[1].split("`", 1)[0])
+    args = build_parser().parse_args(command[1:])
+    assert args.model == str(spaced) and args.out == str(spaced / "export")
 
 
 def test_an_average_killed_while_saving_leaves_no_partial_model_behind(run_dir):
