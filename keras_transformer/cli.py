@@ -174,15 +174,12 @@ def _own_config_path(args):
     """The run's `config.json` when `train` was given neither `--preset` nor `--config`:
     the run continues, or with `--overwrite` starts over, with its own recipe.
 
-    Not for several workers: their machines may not share the run directory, and a worker
-    without the file would otherwise build another model than the chief.
+    Several workers never get here (`_load_config` refuses them without either first):
+    their machines may not share the run directory, and a worker without the file would
+    otherwise build another model than the chief.
     """
-    from keras_transformer.training.strategy import num_workers_from_tf_config
-
     path = pathlib.Path(args.output) / "config.json"
-    if num_workers_from_tf_config() > 1 or not path.is_file():
-        return None
-    return path
+    return path if path.is_file() else None
 
 
 def _load_config(args):

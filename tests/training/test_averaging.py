@@ -246,24 +246,24 @@ def test_the_export_command_average_suggests_runs_as_printed(run_dir, capsys):
     # `average` said "export it with `keras-transformer export --model RUN --checkpoint
     # averaged`", which export refused: its --out is required.
     import shlex
+    import shutil
 
     from keras_transformer.cli import build_parser, main
 
-    main(["average", "--model", str(run_dir), "--last", "2"])
-    said = capsys.readouterr().out
-    command = shlex.split(said.split("export it with `", 1)[1].split("`", 1)[0])
-    assert command[:2] == ["keras-transformer", "export"]
-    args = build_parser().parse_args(command[1:])
+    def suggested(run):
+        """The arguments of the export command `average` prints for `run`."""
+        main(["average", "--model", str(run), "--last", "2"])
+        said = capsys.readouterr().out
+        command = shlex.split(said.split("export it with `", 1)[1].split("`", 1)[0])
+        assert command[:2] == ["keras-transformer", "export"]
+        return build_parser().parse_args(command[1:])
+
+    args = suggested(run_dir)
     assert (args.model, args.checkpoint) == (str(run_dir), "averaged") and args.out
     # A run whose path has a space: the printed command still pastes as one.
-    import shutil
-
     spaced = run_dir.parent / "my run"
     shutil.copytree(run_dir, spaced)
-    main(["average", "--model", str(spaced), "--last", "2"])
-    said = capsys.readouterr().out
-    command = shlex.split(said.split("export it with `", 1)[1].split("`", 1)[0])
-    args = build_parser().parse_args(command[1:])
+    args = suggested(spaced)
     assert args.model == str(spaced) and args.out == str(spaced / "export")
 
 
