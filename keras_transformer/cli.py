@@ -257,14 +257,18 @@ def _set_worker_tf_config(args):
     return args.worker_index
 
 
-def _overwrite(output, worker_index):
+def _overwrite(output, worker_index, config=None):
     """Deletes a previous run for `--overwrite`, refusing anything that is not a run.
 
     The chief (`worker_index` None) deletes the run directory's contents but the other
     workers' private directories, which each worker deletes itself (`worker_index`, its task
     id): workers start at the same time, and the chief must not delete what another has
-    begun to write.
+    begun to write. With `config` (the `TrainingConfig` about to train), the chief replaces
+    the old `config.json` with it instead of deleting it: an interruption before training
+    writes it leaves a start that the same command, or `--overwrite` alone, runs again with
+    that recipe.
     """
+    from keras_transformer.data.readers import write_json_atomically
     from keras_transformer.training.strategy import WORKER_TEMP_PREFIX
     from keras_transformer.training.trainer import RUN_MARKERS, is_run_directory
 
@@ -299,13 +303,16 @@ def _overwrite(output, worker_index):
             continue
         if entry.is_dir() and not entry.is_symlink():
             shutil.rmtree(entry)
+        elif entry.name == "config.json" and config is not None:
+            # In one step, as `train` writes it: the directory is never without a recipe.
+            write_json_atomically(entry, config.to_dict(), indent=2)
         else:
             entry.unlink()
 
 
 def _overwrite_and_train(args, config, output, worker_index):
     if args.overwrite:
-        _overwrite(output, worker_index)
+        _overwrite(output, worker_index, config)
     elif (output / "backup").exists():
         print(f"Resuming the interrupted run in {output}", flush=True)
     from keras_transformer.training.trainer import ConfigMismatchError, check_resumable, train

@@ -93,6 +93,41 @@ def test_an_interrupted_overwrite_can_be_run_again(tmp_path, monkeypatch):
     assert os.listdir(tmp_path) == []
 
 
+def test_an_overwrite_interrupted_before_training_keeps_the_recipe_it_starts(
+        tmp_path, monkeypatch, capsys):
+    # --overwrite deleted the run's config.json with the rest; interrupted before training
+    # wrote the new one (Ctrl-C while TensorFlow started, a data file refused), the next
+    # `train --output RUN --overwrite` found no recipe and trained the default preset.
+    import keras_transformer.training.trainer as trainer
+    from keras_transformer.cli import _load_config
+    from keras_transformer.training import TrainingConfig, get_preset
+    from keras_transformer.training.trainer import is_run_directory
+
+    monkeypatch.delenv("TF_CONFIG", raising=False)
+    old = get_preset("tiny").replace(epochs=5)
+    old.to_file(tmp_path / "config.json")
+    for name in ("history.json", "model.keras"):
+        (tmp_path / name).write_text("{}")
+    (tmp_path / "checkpoints").mkdir()
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(trainer, "train", interrupted)
+    with pytest.raises(SystemExit, match="130"):  # Ctrl-C, as `main` reports it
+        main(_train_args(tmp_path, "--overwrite", "--set", "epochs=3"))
+    started = get_preset("tiny").replace(epochs=3)
+    assert os.listdir(tmp_path) == ["config.json"]  # the old run's files are gone
+    assert is_run_directory(tmp_path)  # a start cut short: resumable, deletable
+    capsys.readouterr()
+    again = build_parser().parse_args(["train", "--output", str(tmp_path), "--overwrite"])
+    assert _load_config(again) == started  # the recipe it had started, not 'quick'
+    assert "its own configuration" in capsys.readouterr().out
+    with pytest.raises(SystemExit, match="130"):  # and a plain rerun resumes that start
+        main(["train", "--output", str(tmp_path)])
+    assert TrainingConfig.from_file(tmp_path / "config.json") == started
+
+
 @pytest.mark.parametrize("cluster, task, temp", [
     ({"worker": ["a:1", "b:2"]}, {"type": "worker", "index": 1}, "workertemp_1"),
     # With a `chief` task, worker 0 is not the chief: its directory is workertemp_0.
