@@ -584,9 +584,14 @@ def agree_with_workers(strategy, config, data_report, initial_epoch, write_dir,
         held = "; ".join(f"{w}: {sorted({int(e) for e in row[2:] if e >= 0}, reverse=True)}"
                          for w, row in zip(workers, rows))
         behind = [w for w, row in zip(workers, rows) if row[2] == agreed]
+        ahead = max(rows, key=lambda row: row[2])
+        latest = " or ".join(str(int(e)) for e in sorted({e for e in ahead[2:4] if e > 0},
+                                                         reverse=True))
         raise ValueError(
             f"The workers' backups hold no common epoch to resume after ({held}): "
-            f"{', '.join(behind)} lost the run's backup. Copy the backup of a worker that has "
+            f"{', '.join(behind)} {'holds' if len(behind) == 1 else 'hold'} no backup of "
+            f"epoch {latest} (its disk lost it, or it did not train this run before: a run "
+            "resumed on more workers than it started with). Copy the backup of a worker that has "
             "the latest epoch (the chief's RUN/backup, worker i's RUN/workertemp_i/backup) to "
             "the same place on the others (the workers' weights are the same), or start "
             "over with --overwrite on every worker.")

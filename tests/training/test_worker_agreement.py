@@ -105,11 +105,16 @@ def test_a_worker_killed_before_its_first_backup_starts_the_run_again(cluster, t
 
 
 def test_a_worker_that_lost_its_backup_is_refused_with_what_to_do(cluster, tmp_path):
+    # Also what a run resumed on more workers than it started with meets: the new worker
+    # holds no backup. The message said only that the worker "lost the run's backup".
     _backup(tmp_path / "w0", 3, previous=2)
     (tmp_path / "w1").mkdir()
     cluster.append((CONFIG, _report(), tmp_path / "w1"))
     with pytest.raises(ValueError, match=r"worker 0: \[3, 2, 0\]; worker 1: \[0\]\): worker 1 "
-                                         r"lost.*RUN/workertemp_i/backup"):
+                                         r"holds no backup of epoch 3 or 2 \(its disk lost it, "
+                                         r"or it did not train this run before: a run resumed on "
+                                         r"more workers than it started with\)\..*"
+                                         r"RUN/workertemp_i/backup"):
         trainer.agree_with_workers(None, CONFIG, _report(), 3, tmp_path / "w0")
 
 
