@@ -69,15 +69,19 @@ def chain(form, kernels, biases, steps):
     return run
 
 
-def main():
+def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rows", default="1,4,8,128", help="comma-separated row counts")
     parser.add_argument("--layers", type=int, default=30)
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--forms", default=",".join(FORMS))
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     forms = args.forms.split(",")
+    unknown = [form for form in forms if form not in FORMS]
+    if unknown:
+        raise SystemExit(f"unknown form(s) {', '.join(unknown)}: choose among "
+                         f"{', '.join(FORMS)}")
     rng = np.random.default_rng(0)
     kernels = [tf.constant(rng.standard_normal((WIDTH, OUTPUTS)).astype("float32") * 0.05)
                for _ in range(args.layers)]
@@ -88,8 +92,10 @@ def main():
     for rows in (int(r) for r in args.rows.split(",")):
         x = tf.constant(rng.standard_normal((rows, WIDTH)).astype("float32"))
         runs = {form: chain(form, kernels, biases, args.steps) for form in forms}
-        for run in runs.values():
-            run(x)  # trace and warm up
+        outputs = {form: run(x).numpy() for form, run in runs.items()}  # trace, warm up
+        for form, output in outputs.items():  # every form times the same product
+            if not np.allclose(output, outputs[forms[0]], rtol=1e-3, atol=1e-4):
+                raise SystemExit(f"{form} computes another product than {forms[0]}")
         times = {form: [] for form in forms}
         for _ in range(args.repeats):
             for form, run in runs.items():

@@ -533,3 +533,28 @@ def test_int8_matmul_prints_a_row_per_shape(capsys):
     assert len(rows) == 3, rows  # the header and one row per shape
     assert re.match(r"\| 4 x 16 x 8 \| [\d.]+ \(\d+\) \| [\d.]+ \([\d.]+x\) \| 0\.\d+ \|$",
                     rows[1]), rows
+
+
+def test_projection_forms_compute_one_product_and_time_each_form(capsys):
+    # Session 53's benchmark had no test: a form computing another product (a transpose
+    # missed) would have been timed against the others as if it were the same work.
+    import numpy as np
+    import tensorflow as tf
+
+    script = _load("projection_forms")
+    rng = np.random.default_rng(1)
+    x = tf.constant(rng.standard_normal((3, script.WIDTH)).astype("float32"))
+    kernel = tf.constant(rng.standard_normal((script.WIDTH, script.OUTPUTS)).astype("float32"))
+    bias = tf.constant(rng.standard_normal((script.OUTPUTS,)).astype("float32"))
+    expected = x.numpy() @ kernel.numpy() + bias.numpy()
+    for form in script.FORMS:
+        got = script.project(form, x, kernel, tf.transpose(kernel), bias).numpy()
+        np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-3, err_msg=form)
+    script.main(["--rows", "1,3", "--layers", "2", "--steps", "2", "--repeats", "1",
+                 "--forms", "fused,sparse"])
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| ")]
+    assert rows[0] == "| rows | fused | sparse |", rows
+    assert [row.split(" | ")[0] for row in rows[1:]] == ["| 1", "| 3"], rows
+    assert all(re.match(r"\| \d+ \| [\d.]+ us \| [\d.]+ us \|$", row) for row in rows[1:]), rows
+    with pytest.raises(SystemExit, match="unknown form"):
+        script.main(["--forms", "fused,dense"])
