@@ -10,6 +10,10 @@ PRESET ?= quick
 TRAIN_ARGS ?=
 EVAL_ARGS ?=
 PYTEST_ARGS ?=
+# The suite's worker processes (pytest-xdist): `auto`, one per CPU core; 0 runs it in this
+# process. Most tests wait on Python and small graphs, so two workers on two cores ran the
+# suite in 21.7 minutes where one took 32-35 (benchmarks/RESULTS.md, session 54).
+PYTEST_WORKERS ?= auto
 
 .PHONY: install run test test-fast notebooks benchmarks clean
 
@@ -45,12 +49,12 @@ run: $(STAMP)
 
 # The whole suite, slow tests and notebooks included (CI runs this).
 test: $(STAMP)
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 	KT_NOTEBOOK_CI=1 $(PY) -m pytest --nbmake --nbmake-timeout=900 notebooks
 
 # Everything but the tests marked slow.
 test-fast: $(STAMP)
-	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadfile -m "not slow" $(PYTEST_ARGS)
 
 # The decoding benchmark times `make run`'s model (trained first if it is not there).
 benchmarks: run

@@ -40,6 +40,7 @@ setup(
             "keras-hub>=0.32,<1",
             "pytest>=8",
             "pytest-timeout>=2.3",
+            "pytest-xdist>=3.5",
             "nbmake>=1.5",
             "nbclient>=0.10",
             "nbformat>=5.10",
