@@ -20,6 +20,11 @@ Comparing code versions: every run keeps its export under --work-dir/--name; pas
 exports with --compare and they are timed in the same process, alternating (A B A B ...),
 medians and ratios printed. The machine may be shared: read ratios, not absolute figures.
 
+`--executor-type SINGLE_THREADED_EXECUTOR` traces the export's signatures under
+`tf.experimental.function_executor_type`: its function calls name that executor and its
+loops stay functional `While` ops (that executor cannot run the lowered form), to compare
+against an export of the default executor (RESULTS.md, session 54: slower, not adopted).
+
     PYTHONPATH=$PWD .venv/bin/python benchmarks/profile_decoder.py --name before
     PYTHONPATH=$PWD .venv/bin/python benchmarks/profile_decoder.py --name after \
         --compare /tmp/profile_decoder/before
@@ -196,7 +201,10 @@ def print_session_profile(title, export_path, signature, sentences, repeats):
 
 def export(args, work_dir, model, source_tokenizer, target_tokenizer):
     """Exports the beam-4 Translator (and greedy_uncached with --uncached)."""
+    import contextlib
     import shutil
+
+    import tensorflow as tf
 
     from keras_transformer.export import DecodingConfig, Translator, export_translator
 
@@ -216,7 +224,9 @@ def export(args, work_dir, model, source_tokenizer, target_tokenizer):
         translator = Translator(model, source_tokenizer, target_tokenizer, config)
         base = work_dir / args.name / name
         shutil.rmtree(base, ignore_errors=True)
-        paths[name] = export_translator(translator, base, version=1)
+        with (tf.experimental.function_executor_type(args.executor_type)
+              if args.executor_type else contextlib.nullcontext()):
+            paths[name] = export_translator(translator, base, version=1)
         translators[name] = translator
     return paths, translators
 
@@ -260,7 +270,7 @@ def print_times(times, names, batches):
         print(f"  {signature:18s}{batch_name:>7s}{cells}{ratio_cells}")
 
 
-def main():
+def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--run", help="a training run directory (default: random weights)")
     parser.add_argument("--checkpoint", default="best")
@@ -285,7 +295,10 @@ def main():
                         help="TensorFlow intra-op threads (0 = TensorFlow's default)")
     parser.add_argument("--inter-op-threads", type=int, default=0,
                         help="TensorFlow inter-op threads (0 = TensorFlow's default)")
-    args = parser.parse_args()
+    parser.add_argument("--executor-type", default="",
+                        help="trace the export under this function executor "
+                             "(SINGLE_THREADED_EXECUTOR; default: TensorFlow's)")
+    args = parser.parse_args(argv)
     import tensorflow as tf
 
     # Process-wide and fixed once TensorFlow starts: compare thread settings across runs.

@@ -558,3 +558,42 @@ def test_projection_forms_compute_one_product_and_time_each_form(capsys):
     assert all(re.match(r"\| \d+ \| [\d.]+ us \| [\d.]+ us \|$", row) for row in rows[1:]), rows
     with pytest.raises(SystemExit, match="unknown form"):
         script.main(["--forms", "fused,dense"])
+
+
+@pytest.mark.slow
+def test_profile_decoder_profiles_times_and_compares_two_executors(tiny_run, tmp_path):
+    # profile_decoder.py had no test. Two processes (it sets TensorFlow's thread pools): a
+    # profiled export, then one traced for the single-threaded executor timed beside it.
+    from keras_transformer.data import find_local_multi30k
+
+    if find_local_multi30k() is None:
+        pytest.skip("no local copy of Multi30K (the script times test_2016's sentences)")
+    common = [sys.executable, str(BENCHMARKS / "profile_decoder.py"), "--run", str(tiny_run),
+              "--checkpoint", "final", "--work-dir", str(tmp_path), "--max-output-length", "4",
+              "--batch-size", "2", "--repeats", "1", "--trace-repeats", "1", "--beam-size", "2"]
+    env = {**os.environ, "PYTHONPATH": str(BENCHMARKS.parent)}
+    first = subprocess.run(common + ["--name", "base"], capture_output=True, text=True,
+                           timeout=600, env=env)
+    assert first.returncode == 0, first.stderr[-3000:]
+    out = first.stdout
+    # (a) the step's ops, for beam and greedy; (b) step stats per signature and batch.
+    assert len(re.findall(r"^## \(a\) ops per decoding step, (beam 2|greedy): \d+ nodes", out,
+                          re.M)) == 2, out
+    assert len(re.findall(r"^## \(b\) step stats, translate(_greedy)?, batch [12]: \d+ steps",
+                          out, re.M)) == 4, out
+    assert re.search(r"^  MatMul|^  _MklNativeFusedMatMul|^  _MklMatMul", out, re.M), out
+    assert len(re.findall(r"^  translate(_greedy)? +[12] +[\d.]+ ±", first.stdout,
+                          re.M)) == 4, first.stdout
+    second = subprocess.run(common + ["--name", "single", "--skip-profile", "--executor-type",
+                                      "SINGLE_THREADED_EXECUTOR", "--compare",
+                                      str(tmp_path / "base")],
+                            capture_output=True, text=True, timeout=600, env=env)
+    assert second.returncode == 0, second.stderr[-3000:]
+    rows = re.findall(r"^  translate(?:_greedy)? +[12] +[\d.]+ ±\s*\d+%\s+[\d.]+ ±\s*\d+%\s+"
+                      r"[\d.]+$", second.stdout, re.M)
+    assert len(rows) == 4, second.stdout  # both exports and their ratio, per signature/batch
+    # The traced export names the executor in its function calls; the default one does not.
+    graphs = {name: (tmp_path / name / "beam" / "1" / "saved_model.pb").read_bytes()
+              for name in ("base", "single")}
+    assert b"SINGLE_THREADED_EXECUTOR" in graphs["single"]
+    assert b"SINGLE_THREADED_EXECUTOR" not in graphs["base"]
