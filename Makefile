@@ -10,10 +10,11 @@ PRESET ?= quick
 TRAIN_ARGS ?=
 EVAL_ARGS ?=
 PYTEST_ARGS ?=
-# The suite's worker processes (pytest-xdist): `auto`, one per CPU core; 0 runs it in this
-# process. Most tests wait on Python and small graphs, so two workers on two cores ran the
-# suite in 21.7 minutes where one took 32-35 (benchmarks/RESULTS.md, session 54).
-PYTEST_WORKERS ?= auto
+# The suite's worker processes (pytest-xdist); 0 runs it in this process. Most tests wait
+# on Python and small graphs, so two workers on two cores ran the suite in 21.7 minutes
+# where one took 32-35 (benchmarks/RESULTS.md, session 54). Two, not one per core: each
+# runs TensorFlow with its own thread pools, and `auto` counts a container's host cores.
+PYTEST_WORKERS ?= 2
 
 .PHONY: install run test test-fast notebooks benchmarks clean
 

@@ -217,8 +217,8 @@ def _load_config(args):
     else:
         config = get_preset(DEFAULT_PRESET)
         if pathlib.Path(args.output).is_dir():
-            # A directory there but no recipe (an --overwrite interrupted after deleting the
-            # run, before training wrote config.json): say what trains.
+            # A directory there but no recipe (one made by hand, or an --overwrite that
+            # could not write the new config.json): say what trains.
             print(f"No --preset or --config, and {args.output} holds no config.json: training "
                   f"the default preset {DEFAULT_PRESET!r}", flush=True)
     overrides = _parse_overrides(args.set)
@@ -305,7 +305,11 @@ def _overwrite(output, worker_index, config=None):
             shutil.rmtree(entry)
         elif entry.name == "config.json" and config is not None:
             # In one step, as `train` writes it: the directory is never without a recipe.
-            write_json_atomically(entry, config.to_dict(), indent=2)
+            try:
+                write_json_atomically(entry, config.to_dict(), indent=2)
+            except OSError:  # a full disk: not the old recipe alone, to be started over
+                entry.unlink(missing_ok=True)
+                raise
         else:
             entry.unlink()
 

@@ -34,6 +34,12 @@ def partial_path(path):
     return path.with_name(f".partial-{os.getpid()}-{path.name}")
 
 
+def is_partial(name):
+    """Whether the file name `name` is a partial file of an atomic write (`partial_path`):
+    its process writes it now, or was killed while it did."""
+    return _PARTIAL.match(name) is not None
+
+
 def flush_to_disk(path):
     """`fsync`s a file or a directory: its content (a directory's: its names, a rename
     into it) is on the disk when this returns, not only in the page cache."""

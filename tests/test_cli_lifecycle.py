@@ -128,6 +128,39 @@ def test_an_overwrite_interrupted_before_training_keeps_the_recipe_it_starts(
     assert TrainingConfig.from_file(tmp_path / "config.json") == started
 
 
+def test_a_kill_while_overwrite_writes_the_new_recipe_leaves_a_run(tmp_path, monkeypatch):
+    # Review: --overwrite now writes the new config.json in place of the old one; a kill
+    # before the rename leaves the partial file beside it, and a directory holding it was
+    # "not a run directory" for --overwrite and "holds other files" for a plain rerun.
+    from keras_transformer.training import get_preset
+    from keras_transformer.training.trainer import _check_new_run_directory, is_run_directory
+
+    get_preset("tiny").to_file(tmp_path / "config.json")
+    (tmp_path / ".partial-4000000-config.json").write_text('{"vocab_')  # killed mid-write
+    assert is_run_directory(tmp_path)
+    _check_new_run_directory(tmp_path)  # a plain rerun starts
+    _overwrite(tmp_path, worker_index=None, config=get_preset("tiny").replace(epochs=3))
+    assert os.listdir(tmp_path) == ["config.json"]  # the partial file deleted with the run
+
+
+def test_an_overwrite_that_cannot_write_the_new_recipe_keeps_no_old_one(tmp_path, monkeypatch):
+    # Review: a full disk while --overwrite wrote the new config.json left the old one alone
+    # in the directory, and `--overwrite` alone then started the old recipe over silently.
+    import keras_transformer.data.readers as readers
+    from keras_transformer.training import get_preset
+
+    get_preset("tiny").to_file(tmp_path / "config.json")
+    (tmp_path / "history.json").write_text("{}")
+
+    def full(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(readers, "write_json_atomically", full)
+    with pytest.raises(OSError, match="No space left"):
+        _overwrite(tmp_path, worker_index=None, config=get_preset("tiny").replace(epochs=3))
+    assert os.listdir(tmp_path) == []
+
+
 @pytest.mark.parametrize("cluster, task, temp", [
     ({"worker": ["a:1", "b:2"]}, {"type": "worker", "index": 1}, "workertemp_1"),
     # With a `chief` task, worker 0 is not the chief: its directory is workertemp_0.

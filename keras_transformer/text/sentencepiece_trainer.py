@@ -103,7 +103,7 @@ def train_sentencepiece(
     Example:
 
     >>> path = train_sentencepiece(
-    ...     ["A dog runs.", "Ein Hund rennt."] * 50, "/tmp/tiny.model",
+    ...     ["A dog runs.", "Ein Hund rennt."] * 50, "tiny.model",
     ...     vocab_size=290, hard_vocab_limit=False)
     """
     output_path = pathlib.Path(output_path)

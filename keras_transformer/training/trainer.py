@@ -35,7 +35,7 @@ from keras_transformer.data.readers import write_json_atomically
 from keras_transformer.model import build_transformer
 from keras_transformer.text import load_tokenizers, train_tokenizers
 from keras_transformer.text.subword_sampling import SegmentationSampler
-from keras_transformer.textfiles import remove_stale_partials
+from keras_transformer.textfiles import is_partial, remove_stale_partials
 from keras_transformer.training.callbacks import (
     BleuCallback,
     LateDropout,
@@ -396,9 +396,11 @@ def is_run_directory(path):
 
 def _own_entries(path):
     """Sorted names in a run directory, other workers' private directories left out (a
-    worker of a failed multi-worker start leaves its own beside the chief's files)."""
+    worker of a failed multi-worker start leaves its own beside the chief's files), and
+    partial files of atomic writes (a kill while `train` or `--overwrite` wrote
+    `config.json` leaves one; `train` removes those of processes no longer running)."""
     return sorted(entry.name for entry in pathlib.Path(path).iterdir()
-                  if not entry.name.startswith(WORKER_TEMP_PREFIX))
+                  if not entry.name.startswith(WORKER_TEMP_PREFIX) and not is_partial(entry.name))
 
 
 def _check_new_run_directory(path):
@@ -590,8 +592,9 @@ def agree_with_workers(strategy, config, data_report, initial_epoch, write_dir,
         raise ValueError(
             f"The workers' backups hold no common epoch to resume after ({held}): "
             f"{', '.join(behind)} {'holds' if len(behind) == 1 else 'hold'} no backup of "
-            f"epoch {latest} (its disk lost it, or it did not train this run before: a run "
-            "resumed on more workers than it started with). Copy the backup of a worker that has "
+            f"epoch {latest} (lost with a disk, or never written: a worker that did not "
+            "train this run before, as on resuming with more workers than it started with, or "
+            "one killed before it wrote that epoch's). Copy the backup of a worker that has "
             "the latest epoch (the chief's RUN/backup, worker i's RUN/workertemp_i/backup) to "
             "the same place on the others (the workers' weights are the same), or start "
             "over with --overwrite on every worker.")

@@ -558,6 +558,16 @@ def test_projection_forms_compute_one_product_and_time_each_form(capsys):
     assert all(re.match(r"\| \d+ \| [\d.]+ us \| [\d.]+ us \|$", row) for row in rows[1:]), rows
     with pytest.raises(SystemExit, match="unknown form"):
         script.main(["--forms", "fused,dense"])
+    right = script.project
+
+    def wrong(form, x, kernel, kernel_t, bias):  # one form broadcasting row 0
+        y = right(form, x, kernel, kernel_t, bias)
+        return tf.repeat(y[:1], tf.shape(y)[0], axis=0) if form == "sparse" else y
+
+    script.project = wrong
+    with pytest.raises(SystemExit, match="sparse computes another product"):
+        script.main(["--rows", "3", "--layers", "1", "--steps", "1", "--repeats", "1",
+                     "--forms", "fused,sparse"])
 
 
 @pytest.mark.slow

@@ -111,10 +111,11 @@ def test_a_worker_that_lost_its_backup_is_refused_with_what_to_do(cluster, tmp_p
     (tmp_path / "w1").mkdir()
     cluster.append((CONFIG, _report(), tmp_path / "w1"))
     with pytest.raises(ValueError, match=r"worker 0: \[3, 2, 0\]; worker 1: \[0\]\): worker 1 "
-                                         r"holds no backup of epoch 3 or 2 \(its disk lost it, "
-                                         r"or it did not train this run before: a run resumed on "
-                                         r"more workers than it started with\)\..*"
-                                         r"RUN/workertemp_i/backup"):
+                                         r"holds no backup of epoch 3 or 2 \(lost with a disk, "
+                                         r"or never written: a worker that did not train this run "
+                                         r"before, as on resuming with more workers than it "
+                                         r"started with, or one killed before it wrote that "
+                                         r"epoch's\)\..*RUN/workertemp_i/backup"):
         trainer.agree_with_workers(None, CONFIG, _report(), 3, tmp_path / "w0")
 
 
