@@ -269,6 +269,7 @@ def _overwrite(output, worker_index, config=None):
     that recipe.
     """
     from keras_transformer.data.readers import write_json_atomically
+    from keras_transformer.textfiles import is_partial
     from keras_transformer.training.strategy import WORKER_TEMP_PREFIX
     from keras_transformer.training.trainer import RUN_MARKERS, is_run_directory
 
@@ -283,7 +284,9 @@ def _overwrite(output, worker_index, config=None):
         return
     if not output.exists():
         return
-    if not output.is_dir() or (any(output.iterdir()) and not is_run_directory(output)):
+    # A partial file of an atomic write alone: a new run killed in its first config.json.
+    if not output.is_dir() or (any(not is_partial(entry.name) for entry in output.iterdir())
+                               and not is_run_directory(output)):
         raise SystemExit(
             f"Refusing to delete {output}: it is not a run directory (no config.json and "
             "checkpoints from `keras-transformer train`). Choose another --output."

@@ -141,6 +141,12 @@ def test_a_kill_while_overwrite_writes_the_new_recipe_leaves_a_run(tmp_path, mon
     _check_new_run_directory(tmp_path)  # a plain rerun starts
     _overwrite(tmp_path, worker_index=None, config=get_preset("tiny").replace(epochs=3))
     assert os.listdir(tmp_path) == ["config.json"]  # the partial file deleted with the run
+    # A new run killed in its first write of config.json leaves only the partial file.
+    fresh = tmp_path / "fresh"
+    fresh.mkdir()
+    (fresh / ".partial-4000000-config.json").write_text("{")
+    _overwrite(fresh, worker_index=None, config=get_preset("tiny"))
+    assert os.listdir(fresh) == []  # was refused as "not a run directory"
 
 
 def test_an_overwrite_that_cannot_write_the_new_recipe_keeps_no_old_one(tmp_path, monkeypatch):
