@@ -128,7 +128,7 @@ def test_an_overwrite_interrupted_before_training_keeps_the_recipe_it_starts(
     assert TrainingConfig.from_file(tmp_path / "config.json") == started
 
 
-def test_a_kill_while_overwrite_writes_the_new_recipe_leaves_a_run(tmp_path, monkeypatch):
+def test_a_kill_while_overwrite_writes_the_new_recipe_leaves_a_run(tmp_path):
     # Review: --overwrite now writes the new config.json in place of the old one; a kill
     # before the rename leaves the partial file beside it, and a directory holding it was
     # "not a run directory" for --overwrite and "holds other files" for a plain rerun.
