@@ -1,6 +1,9 @@
 """Beam search with a length penalty (GNMT's or CTranslate2's) over a cached `next_logits`
 step."""
 
+import math
+import numbers
+
 import tensorflow as tf
 
 from keras_transformer.decoding import utils
@@ -101,8 +104,8 @@ def beam_search(
         start_id: int, the START token. Defaults to `1`.
         end_id: int, the END token. Defaults to `2`.
         pad_id: int, written after END. Defaults to `0`.
-        max_lengths: optional int `(B,)`, per-example bounds on the number of generated
-            tokens, clipped to `[1, max_length]`. Defaults to `None`.
+        max_lengths: optional int `(B,)` (or one int for all), per-example bounds on the
+            number of generated tokens, clipped to `[1, max_length]`. Defaults to `None`.
         return_all_beams: bool, return the `K` finished hypotheses of every example
             (best first) instead of the best one. Defaults to `False`.
         unk_id: int or `None`, the UNK token, never produced when given, as in
@@ -151,9 +154,12 @@ def beam_search(
     max_length = utils.check_max_length(max_length)
     utils.check_length_penalty_form(length_penalty_form)
     utils.check_drop_finished(next_logits, drop_finished)
+    if isinstance(beam_size, bool) or int(beam_size) != beam_size or beam_size < 1:
+        raise ValueError(f"`beam_size` must be an int of at least 1, received {beam_size!r}.")
     beam_size = int(beam_size)
-    if beam_size < 1:
-        raise ValueError(f"`beam_size` must be at least 1, received {beam_size}.")
+    if not isinstance(alpha, (tf.Tensor, tf.Variable)) and not (
+            isinstance(alpha, numbers.Real) and math.isfinite(alpha)):
+        raise ValueError(f"`alpha` must be a finite number, received {alpha!r}.")
     # 2K candidates so that K stay alive whatever ends; one for beam 1 (greedy).
     num_candidates = 2 * beam_size if beam_size > 1 else 1
     forbidden = utils.forbidden_ids(start_id, end_id, pad_id, unk_id)

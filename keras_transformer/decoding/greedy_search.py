@@ -40,8 +40,10 @@ def _advance(step, next_token, log_probs, state, bounds, end_id, pad_id):
         `(next_token (B,), state)` with `pad_id` fed to already-finished rows.
     """
     tokens, scores, lengths, finished = state
-    next_token = tf.where(finished, pad_id, next_token)  # (B,)
+    # The selected token's log-probability, before PAD replaces it in finished rows (a
+    # `pad_id` outside the vocabulary has none).
     token_log_prob = tf.gather(log_probs, next_token, batch_dims=1)  # (B,)
+    next_token = tf.where(finished, pad_id, next_token)  # (B,)
     scores = scores + tf.where(finished, 0.0, token_log_prob)
     lengths = lengths + tf.cast(tf.logical_not(finished), tf.int32)
     tokens = utils.write_column(tokens, step, next_token)  # (B, T)
@@ -108,8 +110,9 @@ def decode_single_path(
         start_id: int, the token fed at position 0. Defaults to `1`.
         end_id: int, the token that ends a hypothesis. Defaults to `2`.
         pad_id: int, written after END. Defaults to `0`.
-        max_lengths: optional int `(B,)`, per-example bounds on the number of generated
-            tokens, clipped to `[1, max_length]`. Defaults to `max_length` for all.
+        max_lengths: optional int `(B,)` (or one int for all), per-example bounds on the
+            number of generated tokens, clipped to `[1, max_length]`. Defaults to
+            `max_length` for all.
         unk_id: int or `None`, a token never produced besides PAD and START (UNK).
             Defaults to `None`.
         sentence_cache: optional nest of tensors with leading axis `B` that the steps read
@@ -232,9 +235,9 @@ def greedy_search(
         start_id: int, the START token. Defaults to `1`.
         end_id: int, the END token. Defaults to `2`.
         pad_id: int, the padding written after END. Defaults to `0`.
-        max_lengths: optional int `(B,)`, per-example bounds on the number of generated
-            tokens (END included), clipped to `[1, max_length]`. Defaults to `None`
-            (`max_length` for every example).
+        max_lengths: optional int `(B,)` (or one int for all), per-example bounds on the
+            number of generated tokens (END included), clipped to `[1, max_length]`.
+            Defaults to `None` (`max_length` for every example).
         unk_id: int or `None`, the UNK token, never produced when given (CTranslate2's
             `disable_unk`). Defaults to `None`: these searches do not know the vocabulary,
             so they forbid only PAD and START; `Translator` passes UNK (its
@@ -317,7 +320,7 @@ def greedy_search_uncached(
         start_id: int, the START token. Defaults to `1`.
         end_id: int, the END token. Defaults to `2`.
         pad_id: int, appended to finished examples. Defaults to `0`.
-        max_lengths: optional int `(B,)`, per-example bounds clipped to
+        max_lengths: optional int `(B,)` (or one int for all), per-example bounds clipped to
             `[1, max_length]`. Defaults to `None`.
         unk_id: int or `None`, a token never produced besides PAD and START, as in
             `greedy_search`. Defaults to `None`.

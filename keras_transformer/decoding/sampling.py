@@ -1,5 +1,6 @@
 """Ancestral sampling with temperature, top-k and top-p (nucleus) filtering."""
 
+import numpy as np
 import tensorflow as tf
 
 from keras_transformer.decoding.greedy_search import decode_single_path
@@ -17,19 +18,27 @@ def _check_top_k(top_k):
     return int(top_k)
 
 
+# Smallest `temperature` and `top_p`: below, float32 overflowed (log-probabilities divided
+# by the temperature: PAD and START sampled) or underflowed (the nucleus comparison: every
+# token masked, so uniformly random pieces).
+MIN_SAMPLING_SETTING = 1e-6
+# Largest `temperature`: float32's largest finite number (infinity is no distribution).
+_MAX_TEMPERATURE = float(tf.float32.max)
+
+
 def _check_in_range(value, name, low, high, rule):
-    """Checks `low < value <= high` now for a number, or when the graph runs for a tensor.
+    """Checks `low <= value <= high` now for a number, or when the graph runs for a tensor.
 
     Returns:
         `value` (as a float32 tensor behind its run-time check when it was a tensor).
     """
     if not isinstance(value, (tf.Tensor, tf.Variable)):
-        if not low < float(value) <= high:  # also refuses NaN
+        if not low <= float(value) <= high:  # also refuses NaN
             raise ValueError(f"`{name}` must be {rule}, got {name}={value!r}.")
         return value
     value = tf.cast(value, tf.float32)
     check = tf.debugging.Assert(
-        (value > low) & (value <= high), [f"`{name}` must be {rule}, got", value]
+        (value >= low) & (value <= high), [f"`{name}` must be {rule}, got", value]
     )
     with tf.control_dependencies([check]):
         return tf.identity(value)
@@ -37,13 +46,18 @@ def _check_in_range(value, name, low, high, rule):
 
 def _check_temperature(temperature):
     return _check_in_range(
-        temperature, "temperature", 0.0, float("inf"),
-        "> 0 (lower is greedier; use greedy search for the argmax)",
+        temperature, "temperature", MIN_SAMPLING_SETTING, _MAX_TEMPERATURE,
+        f"a finite number of at least {MIN_SAMPLING_SETTING:g} (lower is greedier; use "
+        "greedy search for the argmax)",
     )
 
 
 def _check_top_p(top_p):
-    return _check_in_range(top_p, "top_p", 0.0, 1.0, "in (0, 1] (1 keeps every token)")
+    return _check_in_range(
+        top_p, "top_p", MIN_SAMPLING_SETTING, 1.0,
+        f"in [{MIN_SAMPLING_SETTING:g}, 1] (1 keeps every token; use greedy search for the "
+        "most likely token)",
+    )
 
 
 def top_k_filter(logits, top_k):
@@ -75,14 +89,14 @@ def top_p_filter(logits, top_p):
 
     Args:
         logits: float32 `(B, V)`.
-        top_p: float in `(0, 1]`, the nucleus mass; `1` keeps all.
+        top_p: float in `[1e-6, 1]`, the nucleus mass; `1` keeps all.
 
     Returns:
         float32 `(B, V)` with the tokens outside the nucleus set to `NEG_INF`.
 
     Raises:
-        ValueError: when a number `top_p` is outside `(0, 1]` (a tensor one fails when the
-            graph runs): `top_p <= 0` would mask every token and sample uniformly.
+        ValueError: when a number `top_p` is outside `[1e-6, 1]` (a tensor one fails when
+            the graph runs): a smaller `top_p` would mask every token and sample uniformly.
 
     References:
         Holtzman et al., 2020, "The Curious Case of Neural Text Degeneration".
@@ -101,12 +115,35 @@ def top_p_filter(logits, top_p):
     return tf.where(logits < smallest_kept, utils.NEG_INF, logits)
 
 
+def _is_int(value):
+    return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
+
+
 def _seed_tensor(seed):
-    """A `(2,)` int64 seed; a random one when `seed` is `None`."""
+    """A `(2,)` int64 seed; a random one when `seed` is `None`.
+
+    Raises:
+        ValueError: for a seed that is not an int64 integer, nor an integer tensor of
+            shape `()` or `(2,)` (a fraction was truncated, other shapes failed in a
+            reshape that named no argument).
+    """
     if seed is None:
         return tf.random.uniform([2], maxval=tf.int64.max, dtype=tf.int64)
-    if isinstance(seed, int):
-        return tf.constant([seed, 0], tf.int64)
+    if _is_int(seed):
+        if not -(2**63) <= int(seed) < 2**63:
+            raise ValueError(f"`seed` must fit in int64, got seed={seed}.")
+        return tf.constant([int(seed), 0], tf.int64)
+    rule = ("`seed` must be None, an int, or an integer tensor of shape () or (2,); got "
+            f"seed={seed!r}.")
+    if isinstance(seed, (float, np.floating, bool, np.bool_, str, bytes)):
+        raise ValueError(rule)
+    try:
+        seed = tf.convert_to_tensor(seed)
+    except (TypeError, ValueError) as error:
+        raise ValueError(rule) from error
+    if not seed.dtype.is_integer or seed.shape.rank not in (0, 1, None) or (
+            seed.shape.rank == 1 and seed.shape[0] not in (2, None)):
+        raise ValueError(rule)
     seed = tf.cast(seed, tf.int64)
     if seed.shape.rank == 0:
         return tf.stack([seed, tf.zeros([], tf.int64)])
@@ -117,7 +154,14 @@ def _row_streams(seed, row_keys, batch_size):
     """`(B, 3)` int64: the random stream of each row, `(seed[0], seed[1], row key)`."""
     if row_keys is None:
         row_keys = tf.range(batch_size, dtype=tf.int64)
-    row_keys = tf.reshape(tf.cast(row_keys, tf.int64), [-1])  # (B,)
+    row_keys = tf.cast(row_keys, tf.int64)
+    static_batch = tf.get_static_value(batch_size)
+    if row_keys.shape.rank not in (1, None) or (
+            static_batch is not None and row_keys.shape.rank == 1
+            and row_keys.shape[0] not in (None, int(static_batch))):
+        raise ValueError(f"`row_keys` must hold one key per example, shape ({static_batch},); "
+                         f"got shape {tuple(row_keys.shape)}.")
+    row_keys = tf.reshape(row_keys, [-1])  # (B,)
     seeds = tf.broadcast_to(seed[None], [tf.shape(row_keys)[0], 2])  # (B, 2)
     return tf.concat([seeds, row_keys[:, None]], axis=1)
 
@@ -190,18 +234,18 @@ def sample(
         initial_cache: nest of tensors with leading axis `B`.
         batch_size: int or int32 scalar tensor, `B`.
         max_length: int, the static number of steps.
-        temperature: float or float32 scalar tensor, `> 0`; lower is greedier. Defaults
-            to `1.0`.
+        temperature: float or float32 scalar tensor, finite and `>= 1e-6`; lower is
+            greedier, higher nears uniform over the allowed tokens. Defaults to `1.0`.
         top_k: int `>= 0`, sample among the `top_k` most likely tokens; `0` disables.
             Defaults to `0`.
-        top_p: float or float32 scalar tensor in `(0, 1]`, sample inside the nucleus of
+        top_p: float or float32 scalar tensor in `[1e-6, 1]`, sample inside the nucleus of
             this mass; `1.0` disables. Defaults to `1.0`.
-        seed: `None`, an int, or an int scalar or `(2,)` tensor. `None` draws a fresh
-            seed on every call. Defaults to `None`.
+        seed: `None`, an int, or an integer scalar or `(2,)` tensor. `None` draws a
+            fresh seed on every call. Defaults to `None`.
         start_id: int, the START token. Defaults to `1`.
         end_id: int, the END token. Defaults to `2`.
         pad_id: int, written after END. Defaults to `0`.
-        max_lengths: optional int `(B,)`, per-example bounds clipped to
+        max_lengths: optional int `(B,)` (or one int for all), per-example bounds clipped to
             `[1, max_length]`. Defaults to `None`.
         unk_id: int or `None`, the UNK token, never produced when given, as in
             `greedy_search`. Defaults to `None`.
@@ -217,9 +261,10 @@ def sample(
         log-probabilities (temperature 1, unfiltered) of the sampled tokens.
 
     Raises:
-        ValueError: when `temperature <= 0`, `top_k < 0` or `top_p` is outside
-            `(0, 1]` (tensors are checked when the graph runs and raise
-            `tf.errors.InvalidArgumentError`).
+        ValueError: when `temperature` is not finite or below 1e-6, `top_k` is not an
+            int `>= 0`, `top_p` is outside `[1e-6, 1]` (tensors are checked when the graph
+            runs and raise `tf.errors.InvalidArgumentError`), `seed` is not an integer of
+            one of the shapes above, or `row_keys` does not hold one key per example.
 
     Example:
 
@@ -236,8 +281,11 @@ def sample(
 
     def select_token(log_probs, step):
         # Log-probabilities differ from the logits by a constant per row, so they give the
-        # same tempered, filtered distribution, with the forbidden tokens masked already.
-        logits = log_probs / temperature  # (B, V)
+        # same tempered, filtered distribution. The forbidden tokens (masked already) stay
+        # masked: a high temperature would bring their NEG_INF back within reach.
+        logits = tf.where(
+            log_probs > utils.IMPOSSIBLE, log_probs / temperature, utils.NEG_INF
+        )  # (B, V)
         logits = top_k_filter(logits, top_k)
         logits = top_p_filter(logits, top_p)
         return _inverse_cdf_sample(logits, _uniforms(streams, step))  # (B,)

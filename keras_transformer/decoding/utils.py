@@ -334,16 +334,31 @@ def resolve_max_lengths(max_lengths, batch_size, max_length):
     """Per-example bounds on the number of generated tokens, clipped to `[1, max_length]`.
 
     Args:
-        max_lengths: `None` or int `(B,)`.
+        max_lengths: `None`, an int (one bound for every example) or int `(B,)`.
         batch_size: int or int32 scalar tensor, `B`.
         max_length: int, the static number of decoding steps.
 
     Returns:
         int32 `(B,)`.
+
+    Raises:
+        ValueError: when `max_lengths` is neither a number nor one bound per example (as
+            far as the shapes are known before the graph runs).
     """
     if max_lengths is None:
         return tf.fill([batch_size], tf.constant(max_length, tf.int32))
     max_lengths = tf.cast(max_lengths, tf.int32)
+    static_batch = tf.get_static_value(batch_size)
+    rank = max_lengths.shape.rank
+    if rank not in (0, 1, None) or (
+            rank == 1 and static_batch is not None
+            and max_lengths.shape[0] not in (None, int(static_batch))):
+        raise ValueError(
+            "`max_lengths` must be one bound for every example or one per example, shape "
+            f"({static_batch},); got shape {tuple(max_lengths.shape)}."
+        )
+    if rank == 0:
+        max_lengths = tf.fill([batch_size], max_lengths)
     return tf.clip_by_value(max_lengths, 1, max_length)
 
 
@@ -355,6 +370,8 @@ def check_max_length(max_length):
             f"search); received the tensor {max_length}. Pass a per-example bound "
             "through `max_lengths` instead."
         )
+    if isinstance(max_length, bool) or int(max_length) != max_length:
+        raise ValueError(f"`max_length` must be a Python int, received {max_length!r}.")
     max_length = int(max_length)
     if max_length < 1:
         raise ValueError(f"`max_length` must be at least 1, received {max_length}.")

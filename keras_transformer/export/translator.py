@@ -10,6 +10,7 @@ import numpy as np
 import tensorflow as tf
 
 from keras_transformer import decoding
+from keras_transformer.decoding.sampling import MIN_SAMPLING_SETTING
 from keras_transformer.decoding.utils import check_length_penalty_form
 from keras_transformer.export.inference import as_bytes, check_sentence_list
 from keras_transformer.model import TransformerParts
@@ -30,9 +31,6 @@ NO_TEXT_PATTERN = r"[\s\p{Z}\p{Cc}\p{Cf}]*"
 # Largest `max_input_length`, `extra_length` and `max_output_length` (tokens): the graph
 # adds lengths in int32, which larger settings overflowed (every translation empty).
 MAX_DECODING_LENGTH = 2**20
-# Smallest sampling `temperature` and `top_p`: below, float32 overflowed (PAD and START
-# sampled) or underflowed (uniformly random pieces).
-MIN_SAMPLING_SETTING = 1e-6
 
 
 @dataclasses.dataclass

@@ -256,6 +256,31 @@ def test_finished_beam_with_certain_end_stops_search():
 def test_beam_rejects_bad_beam_size():
     with pytest.raises(ValueError, match="beam_size"):
         beam_search(NeverEndModel().next_logits, {}, 1, 3, beam_size=0)
+    # A fraction ran as the beam below it.
+    with pytest.raises(ValueError, match="beam_size"):
+        beam_search(NeverEndModel().next_logits, {}, 1, 3, beam_size=2.7)
+
+
+@pytest.mark.parametrize("alpha", [float("nan"), float("inf")])
+def test_beam_rejects_an_alpha_that_is_not_a_number(alpha):
+    # NaN ranked every hypothesis longer than one token as NaN and returned a result.
+    with pytest.raises(ValueError, match="alpha"):
+        beam_search(NeverEndModel().next_logits, {}, 1, 3, beam_size=2, alpha=alpha)
+
+
+@pytest.mark.parametrize("search", ["greedy", "beam"])
+def test_one_bound_for_every_example_as_a_number(search):
+    # greedy broadcast a number `max_lengths`; beam search failed in a slice ("Attempting
+    # to slice scalar input") that named no argument.
+    model = NeverEndModel()
+    run = (lambda **kw: greedy_search(model.next_logits, {}, 2, 5, **kw)) if search == "greedy" \
+        else (lambda **kw: beam_search(model.next_logits, {}, 2, 5, beam_size=2, **kw))
+    for bound in (3, tf.constant(3)):
+        np.testing.assert_array_equal(run(max_lengths=bound).lengths, [3, 3])
+    with pytest.raises(ValueError, match="max_lengths"):
+        run(max_lengths=[3, 3, 3])
+    with pytest.raises(ValueError, match="max_lengths"):
+        run(max_lengths=[[3], [3]])
 
 
 @pytest.mark.parametrize("beam_size", [1, 3])

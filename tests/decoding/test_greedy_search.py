@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from keras_transformer.decoding import greedy_search, greedy_search_uncached
+from keras_transformer.decoding import beam_search, greedy_search, greedy_search_uncached
 from tests.decoding import reference
 from tests.decoding.fake_models import (
     END_ID,
@@ -148,6 +148,20 @@ def test_max_length_must_be_a_python_int():
         greedy_search(NeverEndModel().next_logits, {}, 1, tf.constant(3))
     with pytest.raises(ValueError, match="at least 1"):
         greedy_search(NeverEndModel().next_logits, {}, 1, 0)
+    with pytest.raises(ValueError, match="max_length"):  # ran 2 steps
+        greedy_search(NeverEndModel().next_logits, {}, 1, 2.5)
+
+
+def test_a_pad_id_outside_the_vocabulary_pads_as_beam_search_does():
+    # Greedy looked up the log-probability of `pad_id` for the finished rows:
+    # "indices[0] = -1 is not in [0, 6)", where beam search padded with -1.
+    model = NeverEndModel()
+    result = greedy_search(model.next_logits, {}, 2, 4, pad_id=-1, max_lengths=[1, 4])
+    beam = beam_search(model.next_logits, {}, 2, 4, beam_size=1, pad_id=-1,
+                       max_lengths=[1, 4])
+    np.testing.assert_array_equal(result.tokens, beam.tokens)
+    np.testing.assert_array_equal(result.tokens.numpy()[0, 1:], [-1, -1, -1])
+    np.testing.assert_allclose(result.scores, beam.scores, rtol=1e-6)
 
 
 def _reserved_free(tokens, lengths, forbidden):

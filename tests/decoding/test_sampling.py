@@ -103,6 +103,14 @@ def test_near_zero_temperature_behaves_like_greedy():
         (dict(top_p=0.0), "top_p"),
         (dict(top_p=-0.5), "top_p"),
         (dict(top_p=1.5), "top_p"),
+        # Past float32: a tiny temperature overflowed (PAD sampled on every row), a tiny
+        # top_p underflowed (uniform over every token); an infinite temperature is no
+        # distribution. The same bounds as `DecodingConfig`.
+        (dict(temperature=1e-40), "temperature"),
+        (dict(temperature=float("inf")), "temperature"),
+        (dict(temperature=float("nan")), "temperature"),
+        (dict(top_p=1e-40), "top_p"),
+        (dict(top_k=2.5), "top_k"),
     ],
 )
 def test_invalid_sampling_settings_are_refused(settings, message):
@@ -141,6 +149,40 @@ def test_sampling_never_produces_pad_or_start_and_forbids_unk_on_request():
     tokens, lengths = result.tokens.numpy(), result.lengths.numpy()
     produced = np.concatenate([row[:n] for row, n in zip(tokens, lengths)])
     assert not np.isin(produced, [PAD_ID, START_ID, UNK_ID]).any()
+
+
+@pytest.mark.parametrize("temperature", [1e3, 1e9, 1e30])
+def test_a_high_temperature_never_reopens_the_reserved_tokens(temperature):
+    # The masks were applied before the division by the temperature, which brought a
+    # masked token's -1e9 back within reach: PAD and START sampled at high temperatures.
+    model = ReservedPreferringModel(end_step=3)
+    result = sample(model.next_logits, {}, 300, 6, seed=15, temperature=temperature,
+                    unk_id=UNK_ID)
+    tokens, lengths = result.tokens.numpy(), result.lengths.numpy()
+    produced = np.concatenate([row[:n] for row, n in zip(tokens, lengths)])
+    assert not np.isin(produced, [PAD_ID, START_ID, UNK_ID]).any()
+    assert np.all(result.scores.numpy() > -1e8)  # no masked token's log-probability
+
+
+def test_a_high_temperature_samples_the_allowed_tokens_uniformly():
+    frequencies = _frequencies(_one_step_samples(seed=16, temperature=1e9))
+    allowed = _PROBS > 0  # END and tokens 3-5; PAD and START are masked
+    np.testing.assert_allclose(frequencies[allowed], 0.25, atol=0.03)
+    assert frequencies[~allowed].sum() == 0
+
+
+def test_invalid_seeds_and_row_keys_are_refused_naming_them():
+    model = NeverEndModel()
+    for seed in (tf.constant([5, 6, 7]), 2.9, np.float32(3.0), 2**64):
+        with pytest.raises(ValueError, match="seed"):
+            sample(model.next_logits, {}, 3, 3, seed=seed)
+    with pytest.raises(ValueError, match="row_keys"):
+        sample(model.next_logits, {}, 3, 3, seed=1, row_keys=[4, 5])
+    # What is accepted: ints (NumPy's too), a scalar or (2,) int tensor.
+    for seed in (7, np.int64(7), tf.constant(7), tf.constant([7, 0])):
+        np.testing.assert_array_equal(
+            sample(model.next_logits, {}, 3, 3, seed=seed).tokens,
+            sample(model.next_logits, {}, 3, 3, seed=7).tokens)
 
 
 def test_a_row_sample_depends_on_its_key_not_on_its_batch_neighbours():
