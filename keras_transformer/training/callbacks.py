@@ -50,7 +50,9 @@ class BleuCallback(keras.callbacks.Callback):
             detokenized source sentences, in order.
         sources: list of strings, validation source sentences.
         references: list of strings, their reference translations (same length).
-        every_n_epochs: int, compute BLEU after every this many epochs. Defaults to `1`.
+        every_n_epochs: int, compute BLEU after every this many epochs, and after the
+            run's last (`fit`'s `epochs`, or one `ends_after` names), which at the end of
+            a learning-rate cooldown is often the best. Defaults to `1`.
         best_path: string or `None`, where to save the best model: a `.keras` path saves
             the whole model, a `.weights.h5` path its weights; `None` saves nothing.
             Defaults to `None`.
@@ -69,6 +71,11 @@ class BleuCallback(keras.callbacks.Callback):
             that the backup of its epoch did not see) holds weights the run no longer has:
             it and its record are deleted, and the epoch trained again decides. `None`
             keeps any record. Defaults to `None`.
+        ends_after: callable `(epoch) -> bool` or `None`: whether the run ends after the
+            epoch (0-based) now ending although `fit` was given more, as a time budget
+            decides after this callback (`train` passes its budget's rule); that epoch is
+            scored too. `last_seconds`, the time of the latest scoring, lets it count the
+            one to come. Defaults to `None`.
 
     Example:
 
@@ -99,8 +106,12 @@ class BleuCallback(keras.callbacks.Callback):
         verbose=1,
         target_lang=None,
         initial_epoch=None,
+        ends_after=None,
     ):
         super().__init__()
+        if ends_after is not None and not callable(ends_after):
+            raise ValueError("`ends_after` must be None or a function of the epoch that says "
+                             f"whether the run ends after it. Received: {ends_after!r}")
         if not callable(translate_fn):
             raise ValueError(f"`translate_fn` must be a function from a list of source "
                              f"sentences to their translations. Received: {translate_fn!r}")
@@ -129,7 +140,9 @@ class BleuCallback(keras.callbacks.Callback):
         self.verbose = verbose
         self.tokenize = bleu_tokenizer(target_lang)
         self.initial_epoch = initial_epoch
+        self.ends_after = ends_after
         self.best_bleu = None
+        self.last_seconds = 0.0
 
     @property
     def _record_path(self):
@@ -164,11 +177,18 @@ class BleuCallback(keras.callbacks.Callback):
         return sacrebleu.corpus_bleu(hypotheses, [self.references],
                                      tokenize=self.tokenize).score
 
+    def _scores(self, epoch):
+        """Whether the epoch (0-based) now ending is scored."""
+        return ((epoch + 1) % self.every_n_epochs == 0
+                or epoch + 1 >= self.params.get("epochs", math.inf)
+                or (self.ends_after is not None and bool(self.ends_after(epoch))))
+
     def on_epoch_end(self, epoch, logs=None):
-        if (epoch + 1) % self.every_n_epochs != 0:
+        if not self._scores(epoch):
             return
         started = time.time()
         bleu = self.compute_bleu()
+        self.last_seconds = time.time() - started
         if logs is not None:
             logs["val_bleu"] = bleu
         improved = self.best_bleu is None or bleu > self.best_bleu
@@ -564,6 +584,11 @@ class RunHistory(keras.callbacks.Callback):
         """float, the training time of all epochs so far, over every process of the run."""
         return float(sum(self.epoch_seconds))
 
+    def epoch_elapsed(self):
+        """Seconds since the epoch now training began (this process's clock), or None
+        outside an epoch."""
+        return None if self._epoch_started is None else time.time() - self._epoch_started
+
     def on_train_begin(self, logs=None):
         self.stopped, self._budget_stop = None, False  # this `fit`'s own
         # The file may record an epoch the backup lost (killed between the two writes): a
@@ -577,6 +602,7 @@ class RunHistory(keras.callbacks.Callback):
 
     def on_epoch_end(self, epoch, logs=None):
         seconds = time.time() - self._epoch_started
+        self._epoch_started = None
         if self.reduce_seconds is not None:
             seconds = self.reduce_seconds(seconds)
         self.epoch_seconds.append(seconds)

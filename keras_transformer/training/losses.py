@@ -48,7 +48,13 @@ def smoothed_cross_entropy_from_logits(labels, logits, label_smoothing, pad_id):
     if vocab_size is None:
         vocab_size = tf.shape(logits)[-1]
     others = vocab_size - (1 if pad_id is None else 2)
-    smoothing = label_smoothing / tf.cast(others, tf.float32)
+    if label_smoothing > 0.0 and isinstance(others, int) and others < 1:
+        raise ValueError(
+            f"`label_smoothing` needs a class besides the label and padding to receive its "
+            f"mass: this vocabulary has {vocab_size}. Received: label_smoothing="
+            f"{label_smoothing}, pad_id={pad_id}")
+    # At least 1: with no other class (and no smoothing) nothing is divided by 0.
+    smoothing = label_smoothing / tf.cast(tf.maximum(others, 1), tf.float32)
 
     @tf.custom_gradient
     def forward(z):
@@ -191,7 +197,11 @@ class MaskedSparseCategoricalCrossentropy(keras.losses.Loss):
                 f"`label_smoothing` must be in [0, 1). Received: label_smoothing={label_smoothing}"
             )
         check_pad_id(pad_id)
-        if from_logits and isinstance(dtype, str) and dtype != "float32":
+        # A policy's computation dtype (a `DTypePolicy("bfloat16")` had passed this check).
+        compute_dtype = getattr(dtype, "compute_dtype", dtype)
+        if compute_dtype is not None:
+            compute_dtype = keras.backend.standardize_dtype(compute_dtype)
+        if from_logits and compute_dtype not in (None, "float32"):
             raise ValueError(
                 f"The loss computes from logits in float32 (logits of any dtype, e.g. bfloat16 "
                 f"under mixed precision, are cast to it). Received: dtype={dtype!r}"

@@ -276,7 +276,9 @@ class TrainingConfig:
     bleu_sentences: int = _field(
         200, "Validation sentences translated to compute val_bleu; 0 disables it."
     )
-    bleu_every_n_epochs: int = _field(1, "Compute val_bleu after every this many epochs.")
+    bleu_every_n_epochs: int = _field(
+        1, "Compute val_bleu after every this many epochs, and after the run's last (its "
+        "`epochs`, or the one its time budget ends it after).")
 
     # Reproducibility.
     seed: int = _field(1234, "Seed of Python, NumPy, TF and Keras initializers and dropout.")
@@ -349,9 +351,9 @@ class TrainingConfig:
             raise ValueError(
                 f"`keep_checkpoints` must be >= 0. Received: {self.keep_checkpoints}"
             )
-        if self.time_budget_minutes is not None and not self.time_budget_minutes > 0:
-            raise ValueError(
-                "`time_budget_minutes` must be > 0 or None. Received: "
+        if self.time_budget_minutes is not None and not 0 < self.time_budget_minutes < math.inf:
+            raise ValueError(  # JSON's Infinity had failed after the first epoch
+                "`time_budget_minutes` must be a finite number > 0, or None. Received: "
                 f"{self.time_budget_minutes}"
             )
         if not 0.0 <= self.lr_cooldown <= 1.0:
@@ -475,8 +477,9 @@ def _check_ranges(config):
     or warm-up had trained with another value, or failed after the vocabulary was written)."""
     wrong = [f"{name}={getattr(config, name)!r} (at least 1)" for name in _AT_LEAST_ONE
              if getattr(config, name) is not None and getattr(config, name) < 1]
-    wrong += [f"{name}={getattr(config, name)!r} (above 0)" for name in _POSITIVE
-              if getattr(config, name) is not None and not getattr(config, name) > 0]
+    wrong += [f"{name}={getattr(config, name)!r} (a finite number above 0)" for name in _POSITIVE
+              if getattr(config, name) is not None
+              and not 0 < getattr(config, name) < math.inf]
     if config.vocab_size < _MIN_VOCAB_SIZE:
         wrong.append(f"vocab_size={config.vocab_size} (at least {_MIN_VOCAB_SIZE}: 4 reserved "
                      "ids and the text's pieces)")
@@ -588,8 +591,8 @@ PRESETS = {
     # (peak ~1.6e-3) and dropout 0.1. Wu et al.'s tiny shape (d 128, ff 256, 4+4 layers) at
     # warmup 1000 had 2.1 val BLEU after 4 epochs (~8 min) where this shape has ~18: see
     # benchmarks/RESULTS.md, "Recipe experiments". Validation BLEU is greedy on 500 sentences
-    # every 2 epochs (beam 4 every epoch would cost ~10% of the budget) and picks
-    # checkpoints/best.keras; the last 5 epochs are kept for `keras-transformer average`.
+    # every 2 epochs and after the last (beam 4 every epoch would cost ~10% of the budget)
+    # and picks checkpoints/best.keras; the last 5 epochs are kept for `keras-transformer average`.
     # The rate falls linearly to zero over the last 30% of the updates the budget holds
     # (lr_cooldown): with the same seed, 8 epochs reached 36.21 greedy validation BLEU
     # (500 sentences) at epoch 8 where the inverse-square-root run had 33.39 (RESULTS.md,

@@ -1,7 +1,11 @@
 """The learning-rate schedule of Vaswani et al. (2017): linear warmup, then 1/sqrt(step);
 optionally a linear cooldown to zero at the end of a run of known length."""
 
+import math
+import numbers
+
 import keras
+import numpy as np
 from keras import ops
 
 
@@ -35,7 +39,8 @@ class TransformerSchedule(keras.optimizers.schedules.LearningRateSchedule):
         total_steps: int or `None`, the number of updates of the whole run; only with
             `cooldown_steps` (needed by it). Defaults to `None`.
         cooldown_steps: int, updates at the end of the run over which the rate falls
-            linearly to zero; `0` (no cooldown) or at most `total_steps`. Defaults to `0`.
+            linearly to zero; `0` or `None` (no cooldown), or at most `total_steps`.
+            Defaults to `0`.
 
     Call arguments:
         step: int or tensor scalar, the optimizer's `iterations` (0-based).
@@ -62,11 +67,13 @@ class TransformerSchedule(keras.optimizers.schedules.LearningRateSchedule):
 
     def __init__(self, d_model, warmup_steps=4000, scale=1.0, total_steps=None,
                  cooldown_steps=0):
-        if d_model <= 0 or warmup_steps <= 0:
+        if not all(_is_number(value) and 0 < value < math.inf
+                   for value in (d_model, warmup_steps)):
             raise ValueError(
-                "`d_model` and `warmup_steps` must be positive. Received: "
-                f"d_model={d_model}, warmup_steps={warmup_steps}"
+                "`d_model` and `warmup_steps` must be positive numbers. Received: "
+                f"d_model={d_model!r}, warmup_steps={warmup_steps!r}"
             )
+        cooldown_steps = cooldown_steps or 0  # None: no cooldown, as for `total_steps`
         if not scale > 0 or scale == float("inf"):
             raise ValueError(f"`scale` must be a positive number (the rate's multiplier). "
                              f"Received: scale={scale}")
@@ -152,7 +159,22 @@ def cooldown_steps(fraction, total_steps):
     return min(total_steps, max(1, round(fraction * total_steps)))
 
 
+def _is_number(value):
+    return isinstance(value, numbers.Real) and not isinstance(value, (bool, np.bool_))
+
+
+def _is_whole(value):
+    return isinstance(value, numbers.Integral) and not isinstance(value, (bool, np.bool_))
+
+
 def _check_run_length(total_steps, cooldown_steps):
+    # Whole updates: a fraction (as `lr_cooldown` is) was accepted with no ramp, and
+    # `get_config` truncated it (0 dropped the cooldown of a restored schedule).
+    if not _is_whole(cooldown_steps) or not (total_steps is None or _is_whole(total_steps)):
+        raise ValueError(
+            "`cooldown_steps` and `total_steps` must be whole numbers of updates (ints). "
+            f"Received: cooldown_steps={cooldown_steps!r}, total_steps={total_steps!r}"
+        )
     if cooldown_steps < 0 or (
             cooldown_steps and (total_steps is None or cooldown_steps > total_steps)):
         raise ValueError(

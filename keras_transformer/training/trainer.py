@@ -1007,6 +1007,10 @@ def _train(config, output_dir, write_dir, strategy, data_dir, local_dir, make_tr
         print(f"{'Continuing' if continue_from else 'Resuming'} after epoch {initial_epoch} "
               f"of {config.epochs}", flush=True)
 
+    # Several workers record the slowest one's epoch times, so that a time budget (and the
+    # cooldown and late dropout it plans) decides the same on all of them.
+    run_history = RunHistory(write_dir / "history.json", initial=previous,
+                             reduce_seconds=slowest_worker(strategy))
     bleu_callback = None
     if (make_translate_fn is not None and config.bleu_sentences and chief
             and splits["validation"] is not None):
@@ -1026,11 +1030,10 @@ def _train(config, output_dir, write_dir, strategy, data_dir, local_dir, make_tr
             target_lang=config.target_lang,
             initial_epoch=initial_epoch,
             verbose=verbose,
+            ends_after=None if config.time_budget_minutes is None else (
+                lambda epoch: budget_ends_after(run_history, config.time_budget_minutes,
+                                                bleu_callback.last_seconds)),
         )
-    # Several workers record the slowest one's epoch times, so that a time budget (and the
-    # cooldown and late dropout it plans) decides the same on all of them.
-    run_history = RunHistory(write_dir / "history.json", initial=previous,
-                             reduce_seconds=slowest_worker(strategy))
     late_dropout = []
     if config.late_dropout is not None:
         late_dropout.append(LateDropout(
@@ -1116,17 +1119,46 @@ def _nothing_to_train(config, epochs_done, record):
     return None
 
 
+def peak_share(warmup_steps, total_steps, cooldown):
+    """The largest learning rate a run of `total_steps` updates reaches, as a share of the
+    schedule's peak (the rate at the end of `warmup_steps`): `TransformerSchedule`'s
+    warm-up, times its linear cooldown over the last `cooldown` updates. The warm-up and
+    the cooldown overlap when the run is short or the cooldown long (`lr_cooldown=1`)."""
+    steps = np.arange(1, min(total_steps, warmup_steps) + 1, dtype=np.float64)  # from 1
+    rates = steps / warmup_steps  # the warm-up; past it the rate only falls
+    if cooldown:
+        rates *= np.clip((total_steps - (steps - 1)) / cooldown, 0.0, 1.0)
+    return float(rates.max()) if len(rates) else 0.0
+
+
+# Below this share of its peak the learning rate of a run is worth a warning.
+_LOW_PEAK_SHARE = 0.5
+
+
+def budget_ends_after(run_history, minutes, scoring_seconds):
+    """Whether the time budget (`TimeBudget`) will end the run after the epoch now ending,
+    asked before `run_history` times it: its time so far plus `scoring_seconds` (the
+    validation still to come) counted as `TimeBudget` will count it. The chief's own
+    clock: with several workers the budget reads the slowest one's, a little later."""
+    elapsed = run_history.epoch_elapsed()
+    if elapsed is None:
+        return False
+    return time_budget_reached(run_history.epoch_seconds + [elapsed + scoring_seconds],
+                               minutes)
+
+
 def warmup_warning(config, steps_per_epoch):
-    """The warning for a run whose learning rate would never reach its peak: fewer updates
-    before the cooldown (`config.epochs` x `steps_per_epoch`, less `lr_cooldown`'s share)
-    than `warmup_steps`, as on a small corpus with a preset made for a larger one. None
-    when the warm-up ends in time (a time budget can only end the run earlier)."""
+    """The warning for a run whose learning rate would stay below half its peak: too few
+    updates (`config.epochs` x `steps_per_epoch`) for `warmup_steps`, the cooldown
+    (`lr_cooldown`) counted, as on a small corpus with a preset made for a larger one.
+    None otherwise (a time budget can only end the run earlier)."""
     total = config.epochs * steps_per_epoch
-    before_cooldown = total - cooldown_steps(config.lr_cooldown, total)
-    if config.warmup_steps <= before_cooldown:
+    cooldown = cooldown_steps(config.lr_cooldown, total)
+    share = peak_share(config.warmup_steps, total, cooldown)
+    if share >= _LOW_PEAK_SHARE:
         return None
-    share = before_cooldown / config.warmup_steps
-    suggestion = max(1, before_cooldown // 4)
+    before_cooldown = total - cooldown
+    suggestion = max(1, before_cooldown // 4, total // 8)
     run = f"{config.epochs} epoch(s) of {steps_per_epoch} batches"
     updates = (f"{before_cooldown} updates before its cooldown ({total} updates: {run})"
                if before_cooldown < total else f"{total} updates ({run})")

@@ -89,6 +89,43 @@ def test_every_n_epochs_and_batching(tmp_path):
     assert os.path.exists(tmp_path / "best.weights.h5")
 
 
+def test_the_last_epoch_is_scored_whatever_every_n_epochs_says(tmp_path):
+    # A run of an odd number of epochs at every_n_epochs=2 (the multi30k preset's, when its
+    # budget ends at 25) never scored its last epoch, the end of the cooldown: best.keras,
+    # the export's default, was an earlier epoch's.
+    translator = ScriptedTranslator([["x ."] * 3, SOURCES])
+    callback = BleuCallback(translator, SOURCES, SOURCES, every_n_epochs=2,
+                            best_path=str(tmp_path / "best.keras"), verbose=0)
+    _, history = _tiny_fit([callback], epochs=3)
+    bleu = history.history["val_bleu"]
+    assert len(translator.calls) == 2 and bleu[-1] == pytest.approx(100.0)
+    with open(tmp_path / "best.keras.json") as f:
+        assert json.load(f)["epoch"] == 3
+
+
+def test_an_epoch_the_run_ends_after_is_scored(tmp_path):
+    # A time budget stops `fit` before its `epochs`, deciding after this callback: the
+    # callback asks `ends_after` whether the epoch now ending is the run's last.
+    class StopAfterSecond(keras.callbacks.Callback):
+        def on_epoch_end(self, epoch, logs=None):
+            self.model.stop_training = epoch == 1
+
+    translator = ScriptedTranslator([SOURCES] * 3)
+    asked = []
+
+    def ends_after(epoch):
+        asked.append(epoch)
+        return epoch == 1
+
+    callback = BleuCallback(translator, SOURCES, SOURCES, every_n_epochs=5,
+                            ends_after=ends_after, verbose=0)
+    _, history = _tiny_fit([callback, StopAfterSecond()], epochs=6)
+    assert asked == [0, 1] and len(translator.calls) == 1
+    assert history.history["val_bleu"] == [pytest.approx(100.0)]
+    with pytest.raises(ValueError, match="ends_after"):
+        BleuCallback(translator, SOURCES, SOURCES, ends_after=2)
+
+
 def test_resumed_run_keeps_earlier_best(tmp_path):
     best_path = str(tmp_path / "best.keras")
     with open(best_path + ".json", "w") as f:

@@ -220,6 +220,13 @@ def test_a_run_too_short_for_its_warmup_says_so_and_how_to_fix_it(config, tmp_pa
     assert "12%" in without_cooldown and "cooldown" not in without_cooldown
     assert warmup_warning(config.replace(warmup_steps=30, epochs=2, lr_cooldown=0.3), 25) is None
     assert warmup_warning(config.replace(warmup_steps=50, epochs=2, lr_cooldown=0.0), 25) is None
+    # A cooldown over the whole run (lr_cooldown=1) ramps down from the first update: the
+    # warning said "only 0% of its peak" where the rate reaches 90% of it.
+    assert warmup_warning(config.replace(warmup_steps=400, epochs=10, lr_cooldown=1.0),
+                          400) is None
+    long_warmup = warmup_warning(config.replace(warmup_steps=4000, epochs=10, lr_cooldown=1.0),
+                                 400)
+    assert "25%" in long_warmup  # max over t of t/4000 x (4000 - t + 1)/4000, at t = 2000
 
     _train(config.replace(warmup_steps=400, steps_per_epoch=None), tmp_path / "short")
     assert "warmup_steps=400" in capsys.readouterr().err

@@ -3,8 +3,12 @@
 import keras
 import numpy as np
 import pytest
+import tensorflow as tf
 
-from keras_transformer.training.losses import MaskedSparseCategoricalCrossentropy
+from keras_transformer.training.losses import (
+    MaskedSparseCategoricalCrossentropy,
+    smoothed_cross_entropy_from_logits,
+)
 
 VOCAB_SIZE = 7
 
@@ -165,3 +169,21 @@ def test_a_computation_dtype_other_than_float32_is_refused_when_made():
         MaskedSparseCategoricalCrossentropy(dtype="bfloat16")
     MaskedSparseCategoricalCrossentropy(dtype="float32")
     MaskedSparseCategoricalCrossentropy(from_logits=False, dtype="float64")  # as before
+    # A policy object had passed the check and failed at the first batch the same way.
+    for policy in (keras.DTypePolicy("bfloat16"), keras.DTypePolicy("mixed_bfloat16")):
+        with pytest.raises(ValueError, match="float32"):
+            MaskedSparseCategoricalCrossentropy(dtype=policy)
+    MaskedSparseCategoricalCrossentropy(dtype=keras.DTypePolicy("float32"))
+
+
+def test_two_classes_with_padding_leave_no_class_for_the_smoothing():
+    # A vocabulary of padding and one class: the smoothing mass was divided by 0 (a NaN
+    # loss at label_smoothing 0.1, a NaN gradient at 0).
+    logits = tf.constant([[[0.3, -0.2], [0.1, 0.4]]])
+    labels = tf.constant([[1, 1]])
+    with pytest.raises(ValueError, match="label_smoothing"):
+        smoothed_cross_entropy_from_logits(labels, logits, 0.1, pad_id=0)
+    with tf.GradientTape() as tape:
+        tape.watch(logits)
+        loss = tf.reduce_sum(smoothed_cross_entropy_from_logits(labels, logits, 0.0, pad_id=0))
+    assert np.isfinite(loss.numpy()) and np.all(np.isfinite(tape.gradient(loss, logits)))

@@ -214,6 +214,13 @@ def test_time_budget_leaves_out_the_first_epoch_once_another_is_timed():
 def test_time_budget_is_validated():
     with pytest.raises(ValueError, match="time_budget_minutes"):
         get_preset("tiny").replace(time_budget_minutes=0)
+    # `--set time_budget_minutes=Infinity` (JSON's) was accepted, then failed after the first
+    # epoch: "cannot convert float NaN to integer"; `lr_scale=Infinity` failed in the
+    # schedule after the vocabulary and the data were made, naming `scale`.
+    for field in ("time_budget_minutes", "lr_scale", "global_clipnorm"):
+        for value in (float("inf"), float("nan")):
+            with pytest.raises(ValueError, match=field):
+                get_preset("tiny").replace(**{field: value})
 
 
 def test_changed_config_is_refused_listing_the_fields(tmp_path):
@@ -534,3 +541,17 @@ def test_rare_characters_can_be_left_to_the_byte_fallback(tmp_path):
     _, target = prepare_tokenizers(config.replace(character_coverage=0.98), pairs,
                                    tmp_path / "covered")
     assert target.detokenize(target.tokenize([rare[0]])).numpy()[0].decode() == rare[0]
+
+
+def test_the_epoch_a_time_budget_ends_the_run_after_is_scored(tmp_path, multi30k_tfds_dir):
+    # BLEU every 2 epochs, a budget that ends the run after epoch 1: that epoch, the run's
+    # last, was never scored and the run had no best.keras (the export's default) at all.
+    config = get_preset("tiny").replace(
+        epochs=3, steps_per_epoch=2, bleu_sentences=4, bleu_every_n_epochs=2,
+        time_budget_minutes=1e-8)
+    train(config, tmp_path / "run", data_dir=multi30k_tfds_dir, strategy="default",
+          report_padding=False, verbose=0)
+    history = read_run_history(tmp_path / "run" / "history.json")
+    assert history["epochs"] == 1 and history["history"]["val_bleu"][0] is not None
+    assert json.loads((tmp_path / "run" / "checkpoints" / "best.keras.json").read_text())[
+        "epoch"] == 1

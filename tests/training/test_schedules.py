@@ -104,3 +104,25 @@ def test_settings_the_schedule_would_ignore_or_turn_negative_are_refused():
     for scale in (-1.0, 0.0, float("nan")):
         with pytest.raises(ValueError, match="scale"):
             TransformerSchedule(512, 4000, scale=scale)
+
+
+def test_run_lengths_that_are_not_whole_updates_or_not_numbers_are_refused():
+    # `cooldown_steps=0.5` (a fraction, as `lr_cooldown` is) was accepted with no ramp,
+    # then dropped by get_config (`int(0.5)` is 0): a restored schedule no longer reached
+    # zero. `total_steps=100.7` lost its fraction in the round trip; None for "off", or a
+    # None `d_model`, raised a bare TypeError.
+    for total_steps, cooldown in ((100, 0.5), (100.7, 20), (100, True)):
+        with pytest.raises(ValueError, match="cooldown_steps|total_steps"):
+            TransformerSchedule(64, 10, total_steps=total_steps, cooldown_steps=cooldown)
+    schedule = TransformerSchedule(64, 10, total_steps=100, cooldown_steps=20)
+    with pytest.raises(ValueError, match="cooldown_steps|total_steps"):
+        schedule.set_run_length(100, 0.5)
+    for arguments in (dict(d_model=None), dict(warmup_steps=None), dict(d_model="512")):
+        with pytest.raises(ValueError, match=next(iter(arguments))):
+            TransformerSchedule(**{"d_model": 64, "warmup_steps": 10, **arguments})
+    # None for no cooldown, as for `total_steps`.
+    plain = TransformerSchedule(64, 10, cooldown_steps=None)
+    assert plain.cooldown_steps == 0 and plain.total_steps is None
+    # NumPy's integers are whole updates.
+    assert TransformerSchedule(64, 10, total_steps=np.int64(100),
+                               cooldown_steps=np.int64(20)).cooldown_steps == 20
