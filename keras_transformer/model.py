@@ -7,7 +7,13 @@ from keras import ops
 
 from keras_transformer.layers import Decoder, Encoder, PackedRows, PositionalEmbedding, masking
 from keras_transformer.layers.positional_embedding import sinusoidal_encoding
-from keras_transformer.layers.utils import check_positive_int, sublayer_connection
+from keras_transformer.layers.utils import (
+    check_bool,
+    check_epsilon,
+    check_positive_int,
+    check_rate,
+    sublayer_connection,
+)
 
 ENCODER_INPUT = "encoder_tokens"
 DECODER_INPUT = "decoder_tokens"
@@ -80,7 +86,8 @@ def build_transformer(
 
     Raises:
         ValueError: on non-positive sizes, `d_model % num_heads != 0`, an odd `d_model` with
-            sinusoidal positions, or a dropout rate outside `[0, 1)`.
+            sinusoidal positions, a dropout rate outside `[0, 1)`, a `layer_norm_epsilon`
+            that is not a finite number above 0, or an option that is not a bool.
 
     Example:
     >>> model = build_transformer(vocab_size=1000, d_model=64, num_heads=4, ff_dim=128,
@@ -115,13 +122,14 @@ def build_transformer(
             f"Sinusoidal positions need an even d_model, got d_model={d_model}; use an even "
             "d_model or learned_positions=True."
         )
-    for rate_name, rate in (("dropout", dropout), ("attention_dropout", attention_dropout)):
-        if rate is None and rate_name == "attention_dropout":
-            continue  # the same as `dropout`
-        if not isinstance(rate, (int, float)) or isinstance(rate, bool) or not (
-                0.0 <= rate < 1.0):
-            raise ValueError(f"`{rate_name}` must be a number in [0, 1), got "
-                             f"{rate_name}={rate!r}.")
+    dropout = check_rate("dropout", dropout)  # NumPy's numbers too, as the layers take
+    if attention_dropout is not None:  # None: the same as `dropout`
+        attention_dropout = check_rate("attention_dropout", attention_dropout)
+    layer_norm_epsilon = check_epsilon("layer_norm_epsilon", layer_norm_epsilon)
+    norm_first, tie_embeddings, learned_positions, skip_padding = (
+        check_bool(name, value) for name, value in (
+            ("norm_first", norm_first), ("tie_embeddings", tie_embeddings),
+            ("learned_positions", learned_positions), ("skip_padding", skip_padding)))
 
     def embedding(vocab, layer_name):
         return PositionalEmbedding(
@@ -339,8 +347,11 @@ class TransformerParts:
         each block. In batches of sentences of mixed lengths (test_2016 in 32s, input order)
         46% of the source positions are padding (benchmarks/encoder_share.py). The same
         arithmetic as `encode`, in the same dtypes, up to rounding; the memory's padding
-        positions are zero (`encode` leaves values there that every reader masks). Shapes
-        depend on the data: no XLA.
+        positions are zero (`encode` leaves values there that every reader masks). Except
+        for a source with no real token at all (a row of padding alone): with every key
+        masked, cross-attention averages the memory's padded positions, so a decoder reads
+        other values from the two, and neither means anything (a `Translator` always
+        appends END, so it never makes such a row). Shapes depend on the data: no XLA.
 
         Args:
             source_ids: int `(B, S)`, 0 = padding.

@@ -90,11 +90,31 @@ def test_logits_use_the_embedding_matrix():
         (dict(num_layers=-1), r"num_layers=-1"),
         (dict(ff_dim=0), r"ff_dim=0"),
         (dict(dropout=1.0), r"dropout=1.0"),
+        # A None epsilon built and trained (Keras' default), then every decoding path failed
+        # converting None to a tensor; a negative one gave NaN logits.
+        (dict(layer_norm_epsilon=None), r"layer_norm_epsilon=None"),
+        (dict(layer_norm_epsilon=-1.0), r"layer_norm_epsilon=-1.0"),
+        (dict(layer_norm_epsilon=float("nan")), r"layer_norm_epsilon=nan"),
+        # A truthy string built the other model ("no" a pre-norm one) and was saved so.
+        (dict(norm_first="no"), r"norm_first='no'"),
+        (dict(tie_embeddings="False"), r"tie_embeddings='False'"),
+        (dict(learned_positions=1), r"learned_positions=1"),
+        (dict(skip_padding="False"), r"skip_padding='False'"),
     ],
 )
 def test_invalid_settings_raise_value_error_naming_values(kwargs, message):
     with pytest.raises(ValueError, match=message):
         build_transformer(**{**TINY, **kwargs})
+
+
+def test_numpy_numbers_are_accepted_as_the_layers_accept_them():
+    # NumPy's float32 dropout was refused as "not a number in [0, 1)".
+    model = build_transformer(**{**TINY, "dropout": np.float32(0.1),
+                                 "attention_dropout": np.float64(0.0),
+                                 "layer_norm_epsilon": np.float32(1e-6),
+                                 "norm_first": np.bool_(True)})
+    assert model.get_layer("encoder").get_config()["norm_first"] is True
+    keras.Model.from_config(model.get_config())  # a JSON-able config
 
 
 @NORMS

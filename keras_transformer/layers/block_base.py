@@ -5,6 +5,8 @@ import keras
 from keras_transformer.layers.feed_forward import FeedForward
 from keras_transformer.layers.multi_head_attention import MultiHeadAttention
 from keras_transformer.layers.utils import (
+    check_bool,
+    check_epsilon,
     check_positive_int,
     check_rate,
     clone_initializer,
@@ -43,8 +45,8 @@ class BlockBase(keras.layers.Layer):
         self.dropout = dropout
         self.attention_dropout = attention_dropout
         self.activation = keras.activations.get(activation)
-        self.norm_first = norm_first
-        self.layer_norm_epsilon = layer_norm_epsilon
+        self.norm_first = check_bool("norm_first", norm_first)
+        self.layer_norm_epsilon = check_epsilon("layer_norm_epsilon", layer_norm_epsilon)
         self.kernel_initializer = keras.initializers.get(kernel_initializer)
         self.bias_initializer = keras.initializers.get(bias_initializer)
         self.supports_masking = True

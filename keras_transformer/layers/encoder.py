@@ -6,7 +6,7 @@ from keras_transformer.layers import masking
 from keras_transformer.layers.block_base import BlockBase
 from keras_transformer.layers.encoder_block import EncoderBlock
 from keras_transformer.layers.packing import PackedRows
-from keras_transformer.layers.utils import check_positive_int, clone_initializer
+from keras_transformer.layers.utils import check_bool, check_positive_int, clone_initializer
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
@@ -66,7 +66,7 @@ class Encoder(BlockBase):
     def __init__(self, num_layers, num_heads, ff_dim, skip_padding=False, **kwargs):
         super().__init__(num_heads, ff_dim, **kwargs)
         self.num_layers = check_positive_int("num_layers", num_layers)
-        self.skip_padding = bool(skip_padding)
+        self.skip_padding = check_bool("skip_padding", skip_padding)
         # Keras then compiles a model holding this stack without XLA (`jit_compile`).
         self.supports_jit = not self.skip_padding
 

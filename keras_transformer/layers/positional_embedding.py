@@ -7,7 +7,7 @@ from keras import ops
 
 from keras_transformer.layers import masking
 from keras_transformer.layers.packing import PackedRows
-from keras_transformer.layers.utils import check_positive_int, check_rate
+from keras_transformer.layers.utils import check_bool, check_positive_int, check_rate
 
 # The base of the sinusoid wavelengths in the paper (section 3.5).
 SINUSOID_BASE = 10000.0
@@ -111,6 +111,9 @@ class PositionalEmbedding(keras.layers.Layer):
         vocab_size = check_positive_int("vocab_size", vocab_size)
         d_model = check_positive_int("d_model", d_model)
         max_length = check_positive_int("max_length", max_length)
+        learned_positions = check_bool("learned_positions", learned_positions)
+        scale_embeddings = check_bool("scale_embeddings", scale_embeddings)
+        mask_zero = check_bool("mask_zero", mask_zero)
         if not learned_positions and d_model % 2:
             raise ValueError(
                 "Sinusoidal positions need an even d_model (sin/cos pairs), got "

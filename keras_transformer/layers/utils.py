@@ -1,7 +1,10 @@
 """Small helpers shared by the layers."""
 
+import math
 import numbers
 import zlib
+
+import numpy as np
 
 # Derived seeds stay below 2**31, a valid seed for every backend's random ops.
 _SEED_MODULUS = 2**31
@@ -22,6 +25,25 @@ def check_rate(name, value):
     if (not isinstance(value, numbers.Real) or isinstance(value, bool)
             or not 0.0 <= value < 1.0):
         raise ValueError(f"`{name}` must be in [0, 1), got {name}={value!r}.")
+    return float(value)
+
+
+def check_bool(name, value):
+    """Returns `value` as a Python bool, or raises ValueError naming `name` unless it is a
+    bool (NumPy's included): a truthy string (`norm_first="no"`) had built the other model
+    and been saved so."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise ValueError(f"`{name}` must be True or False, got {name}={value!r}.")
+    return bool(value)
+
+
+def check_epsilon(name, value):
+    """Returns a layer normalization epsilon as a Python float, or raises ValueError naming
+    `name` unless it is a finite number above 0: None built and trained (Keras' default),
+    then failed in every decoding path; a negative one gave NaN."""
+    if (not isinstance(value, numbers.Real) or isinstance(value, (bool, np.bool_))
+            or not 0.0 < value < math.inf):
+        raise ValueError(f"`{name}` must be a finite number above 0, got {name}={value!r}.")
     return float(value)
 
 
