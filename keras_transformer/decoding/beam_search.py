@@ -154,7 +154,12 @@ def beam_search(
     max_length = utils.check_max_length(max_length)
     utils.check_length_penalty_form(length_penalty_form)
     utils.check_drop_finished(next_logits, drop_finished)
-    if isinstance(beam_size, bool) or int(beam_size) != beam_size or beam_size < 1:
+    try:
+        whole = (not isinstance(beam_size, (bool, str, bytes)) and math.isfinite(beam_size)
+                 and int(beam_size) == beam_size)
+    except (TypeError, ValueError):
+        whole = False
+    if not whole or beam_size < 1:
         raise ValueError(f"`beam_size` must be an int of at least 1, received {beam_size!r}.")
     beam_size = int(beam_size)
     if not isinstance(alpha, (tf.Tensor, tf.Variable)) and not (

@@ -23,7 +23,7 @@ def _check_top_k(top_k):
 # token masked, so uniformly random pieces).
 MIN_SAMPLING_SETTING = 1e-6
 # Largest `temperature`: float32's largest finite number (infinity is no distribution).
-_MAX_TEMPERATURE = float(tf.float32.max)
+MAX_TEMPERATURE = float(tf.float32.max)
 
 
 def _check_in_range(value, name, low, high, rule):
@@ -46,7 +46,7 @@ def _check_in_range(value, name, low, high, rule):
 
 def _check_temperature(temperature):
     return _check_in_range(
-        temperature, "temperature", MIN_SAMPLING_SETTING, _MAX_TEMPERATURE,
+        temperature, "temperature", MIN_SAMPLING_SETTING, MAX_TEMPERATURE,
         f"a finite number of at least {MIN_SAMPLING_SETTING:g} (lower is greedier; use "
         "greedy search for the argmax)",
     )
@@ -282,10 +282,12 @@ def sample(
     def select_token(log_probs, step):
         # Log-probabilities differ from the logits by a constant per row, so they give the
         # same tempered, filtered distribution. The forbidden tokens (masked already) stay
-        # masked: a high temperature would bring their NEG_INF back within reach.
-        logits = tf.where(
-            log_probs > utils.IMPOSSIBLE, log_probs / temperature, utils.NEG_INF
-        )  # (B, V)
+        # masked at any temperature: a high one would bring their NEG_INF back within
+        # reach, a low one push the allowed tokens below it, so the allowed ones are
+        # tempered from their row's best, which stays at 0.
+        allowed = log_probs > utils.IMPOSSIBLE  # (B, V)
+        best = tf.reduce_max(log_probs, axis=-1, keepdims=True)  # (B, 1), an allowed one
+        logits = tf.where(allowed, (log_probs - best) / temperature, utils.NEG_INF)
         logits = top_k_filter(logits, top_k)
         logits = top_p_filter(logits, top_p)
         return _inverse_cdf_sample(logits, _uniforms(streams, step))  # (B,)

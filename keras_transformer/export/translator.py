@@ -10,7 +10,7 @@ import numpy as np
 import tensorflow as tf
 
 from keras_transformer import decoding
-from keras_transformer.decoding.sampling import MIN_SAMPLING_SETTING
+from keras_transformer.decoding.sampling import MAX_TEMPERATURE, MIN_SAMPLING_SETTING
 from keras_transformer.decoding.utils import check_length_penalty_form
 from keras_transformer.export.inference import as_bytes, check_sentence_list
 from keras_transformer.model import TransformerParts
@@ -178,10 +178,10 @@ class DecodingConfig:
             if getattr(self, name) > MAX_DECODING_LENGTH:  # int32 sums in the graph
                 raise ValueError(f"`{name}` must be at most {MAX_DECODING_LENGTH:,} tokens, "
                                  f"got {name}={getattr(self, name)}.")
-        if not self.temperature > 0:
+        if not 0 < self.temperature <= MAX_TEMPERATURE:  # past float32: refused by `sample`
             raise ValueError(
-                f"`temperature` must be > 0 (lower is greedier; use search='greedy' for the "
-                f"argmax), got temperature={self.temperature}."
+                f"`temperature` must be > 0 and at most {MAX_TEMPERATURE:g} (lower is greedier; "
+                f"use search='greedy' for the argmax), got temperature={self.temperature}."
             )
         if self.temperature < MIN_SAMPLING_SETTING:  # logits / temperature past float32
             raise ValueError(

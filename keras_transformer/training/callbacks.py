@@ -73,9 +73,10 @@ class BleuCallback(keras.callbacks.Callback):
             keeps any record. Defaults to `None`.
         ends_after: callable `(epoch) -> bool` or `None`: whether the run ends after the
             epoch (0-based) now ending although `fit` was given more, as a time budget
-            decides after this callback (`train` passes its budget's rule); that epoch is
-            scored too. `last_seconds`, the time of the latest scoring, lets it count the
-            one to come. Defaults to `None`.
+            decides after this callback (`train` passes its budget's plan); that epoch is
+            scored with the others, in its logs. A last epoch it did not foresee (a
+            callback's stop) is scored when `fit` ends, before any callback after this one
+            restores other weights. Defaults to `None`.
 
     Example:
 
@@ -142,13 +143,14 @@ class BleuCallback(keras.callbacks.Callback):
         self.initial_epoch = initial_epoch
         self.ends_after = ends_after
         self.best_bleu = None
-        self.last_seconds = 0.0
+        self._last_epoch = self._scored_epoch = None  # this `fit`'s
 
     @property
     def _record_path(self):
         return None if self.best_path is None else self.best_path + ".json"
 
     def on_train_begin(self, logs=None):
+        self._last_epoch = self._scored_epoch = None
         if self._record_path is None:
             return
         record = read_best_record(self.best_path, self.initial_epoch)
@@ -184,17 +186,26 @@ class BleuCallback(keras.callbacks.Callback):
                 or (self.ends_after is not None and bool(self.ends_after(epoch))))
 
     def on_epoch_end(self, epoch, logs=None):
-        if not self._scores(epoch):
-            return
+        self._last_epoch = epoch
+        if self._scores(epoch):
+            self._score(epoch, logs)
+
+    def on_train_end(self, logs=None):
+        # The run's last epoch, if a stop this callback did not foresee ended it unscored.
+        if self._last_epoch is not None and self._scored_epoch != self._last_epoch:
+            self._score(self._last_epoch, None, last=True)
+
+    def _score(self, epoch, logs, last=False):
+        self._scored_epoch = epoch
         started = time.time()
         bleu = self.compute_bleu()
-        self.last_seconds = time.time() - started
         if logs is not None:
             logs["val_bleu"] = bleu
         improved = self.best_bleu is None or bleu > self.best_bleu
         if self.verbose:
             best = "new best" if improved else f"best {self.best_bleu:.2f}"
-            print(f"Epoch {epoch + 1}: val_bleu = {bleu:.2f} ({best}) on "
+            which = " (the run's last)" if last else ""
+            print(f"Epoch {epoch + 1}{which}: val_bleu = {bleu:.2f} ({best}) on "
                   f"{len(self.sources)} sentences in {time.time() - started:.1f}s", flush=True)
         if not improved:
             return

@@ -198,9 +198,7 @@ class MaskedSparseCategoricalCrossentropy(keras.losses.Loss):
             )
         check_pad_id(pad_id)
         # A policy's computation dtype (a `DTypePolicy("bfloat16")` had passed this check).
-        compute_dtype = getattr(dtype, "compute_dtype", dtype)
-        if compute_dtype is not None:
-            compute_dtype = keras.backend.standardize_dtype(compute_dtype)
+        compute_dtype = None if dtype is None else keras.dtype_policies.get(dtype).compute_dtype
         if from_logits and compute_dtype not in (None, "float32"):
             raise ValueError(
                 f"The loss computes from logits in float32 (logits of any dtype, e.g. bfloat16 "

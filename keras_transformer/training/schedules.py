@@ -156,7 +156,7 @@ def cooldown_steps(fraction, total_steps):
     """
     if not fraction:
         return 0
-    return min(total_steps, max(1, round(fraction * total_steps)))
+    return int(min(total_steps, max(1, round(fraction * total_steps))))  # NumPy's too
 
 
 def _is_number(value):

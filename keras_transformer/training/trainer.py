@@ -1031,8 +1031,7 @@ def _train(config, output_dir, write_dir, strategy, data_dir, local_dir, make_tr
             initial_epoch=initial_epoch,
             verbose=verbose,
             ends_after=None if config.time_budget_minutes is None else (
-                lambda epoch: budget_ends_after(run_history, config.time_budget_minutes,
-                                                bleu_callback.last_seconds)),
+                lambda epoch: budget_ends_after(config, run_history, epoch)),
         )
     late_dropout = []
     if config.late_dropout is not None:
@@ -1135,16 +1134,18 @@ def peak_share(warmup_steps, total_steps, cooldown):
 _LOW_PEAK_SHARE = 0.5
 
 
-def budget_ends_after(run_history, minutes, scoring_seconds):
-    """Whether the time budget (`TimeBudget`) will end the run after the epoch now ending,
-    asked before `run_history` times it: its time so far plus `scoring_seconds` (the
-    validation still to come) counted as `TimeBudget` will count it. The chief's own
-    clock: with several workers the budget reads the slowest one's, a little later."""
+def budget_ends_after(config, run_history, epoch):
+    """Whether the time budget (`TimeBudget`, or the cooldown `BudgetCooldown` plans)
+    will end the run after `epoch` (0-based), asked as the epoch ends, before
+    `run_history` times it: its time so far counted as the whole epoch's (`planned_epochs`).
+    What comes after the question (validation, saves) is not counted, so that scoring an
+    epoch never makes it the last; `BleuCallback` scores a last epoch this did not foresee
+    when `fit` ends. The chief's own clock: with several workers the budget reads the
+    slowest one's."""
     elapsed = run_history.epoch_elapsed()
     if elapsed is None:
         return False
-    return time_budget_reached(run_history.epoch_seconds + [elapsed + scoring_seconds],
-                               minutes)
+    return planned_epochs(config, run_history.epoch_seconds + [elapsed]) <= epoch + 1
 
 
 def warmup_warning(config, steps_per_epoch):

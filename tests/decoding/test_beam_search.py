@@ -257,8 +257,9 @@ def test_beam_rejects_bad_beam_size():
     with pytest.raises(ValueError, match="beam_size"):
         beam_search(NeverEndModel().next_logits, {}, 1, 3, beam_size=0)
     # A fraction ran as the beam below it.
-    with pytest.raises(ValueError, match="beam_size"):
-        beam_search(NeverEndModel().next_logits, {}, 1, 3, beam_size=2.7)
+    for beam_size in (2.7, float("nan"), float("inf"), "4"):
+        with pytest.raises(ValueError, match="beam_size"):
+            beam_search(NeverEndModel().next_logits, {}, 1, 3, beam_size=beam_size)
 
 
 @pytest.mark.parametrize("alpha", [float("nan"), float("inf")])

@@ -164,6 +164,18 @@ def test_a_high_temperature_never_reopens_the_reserved_tokens(temperature):
     assert np.all(result.scores.numpy() > -1e8)  # no masked token's log-probability
 
 
+def test_the_lowest_temperature_never_reopens_the_reserved_tokens():
+    # Allowed tokens far below the reserved ones (-2000 against 0): divided by 1e-6 they
+    # fell below the masks' -1e9, and PAD and START were sampled.
+    logits = tf.constant([[0.0, 0.0] + [-2000.0] * 4])
+
+    def next_logits(tokens, cache, index):
+        return tf.repeat(logits, tf.shape(tokens)[0], axis=0), cache
+
+    result = sample(next_logits, {}, 64, 1, seed=17, temperature=1e-6)
+    assert set(np.unique(result.tokens.numpy()[:, 0])) <= {2, 3, 4, 5}
+
+
 def test_a_high_temperature_samples_the_allowed_tokens_uniformly():
     frequencies = _frequencies(_one_step_samples(seed=16, temperature=1e9))
     allowed = _PROBS > 0  # END and tokens 3-5; PAD and START are masked

@@ -480,9 +480,9 @@ def test_reserved_tokens_are_never_produced_and_unk_only_when_allowed(small_toke
 
 @pytest.mark.parametrize(
     "settings", [dict(temperature=0.0), dict(temperature=-1.0), dict(temperature=float("inf")),
-                 dict(top_k=-1), dict(top_p=0.0), dict(top_p=1.01)],
-    ids=["temperature0", "temperature_negative", "temperature_inf", "top_k", "top_p0",
-         "top_p_above_1"],
+                 dict(temperature=1e39), dict(top_k=-1), dict(top_p=0.0), dict(top_p=1.01)],
+    ids=["temperature0", "temperature_negative", "temperature_inf", "temperature_past_float32",
+         "top_k", "top_p0", "top_p_above_1"],
 )
 def test_invalid_sampling_settings_are_refused(settings):
     from keras_transformer.export import DecodingConfig

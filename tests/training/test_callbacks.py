@@ -126,6 +126,28 @@ def test_an_epoch_the_run_ends_after_is_scored(tmp_path):
         BleuCallback(translator, SOURCES, SOURCES, ends_after=2)
 
 
+def test_a_run_stopped_before_its_epochs_has_its_last_epoch_scored_when_it_ends(tmp_path):
+    # Whatever stopped it (a cooldown plan `ends_after` did not foresee, a user's
+    # EarlyStopping), the epoch the run ended after is scored as `fit` ends.
+    class StopAfterSecond(keras.callbacks.Callback):
+        def on_epoch_end(self, epoch, logs=None):
+            self.model.stop_training = epoch == 1
+
+    translator = ScriptedTranslator([SOURCES])
+    callback = BleuCallback(translator, SOURCES, SOURCES, every_n_epochs=3,
+                            best_path=str(tmp_path / "best.keras"), verbose=0,
+                            ends_after=lambda epoch: False)
+    _tiny_fit([callback, StopAfterSecond()], epochs=6)
+    assert len(translator.calls) == 1 and callback.best_bleu == pytest.approx(100.0)
+    with open(tmp_path / "best.keras.json") as f:
+        assert json.load(f) == {"val_bleu": pytest.approx(100.0), "epoch": 2}
+    # Scored already: not again.
+    translator = ScriptedTranslator([SOURCES] * 3)
+    callback = BleuCallback(translator, SOURCES, SOURCES, every_n_epochs=2, verbose=0)
+    _tiny_fit([callback, StopAfterSecond()], epochs=6)
+    assert len(translator.calls) == 1
+
+
 def test_resumed_run_keeps_earlier_best(tmp_path):
     best_path = str(tmp_path / "best.keras")
     with open(best_path + ".json", "w") as f:

@@ -174,6 +174,10 @@ def test_a_computation_dtype_other_than_float32_is_refused_when_made():
         with pytest.raises(ValueError, match="float32"):
             MaskedSparseCategoricalCrossentropy(dtype=policy)
     MaskedSparseCategoricalCrossentropy(dtype=keras.DTypePolicy("float32"))
+    # Policy names, as Keras' own losses take them.
+    MaskedSparseCategoricalCrossentropy(from_logits=False, dtype="mixed_float16")
+    with pytest.raises(ValueError, match="float32"):
+        MaskedSparseCategoricalCrossentropy(dtype="mixed_float16")
 
 
 def test_two_classes_with_padding_leave_no_class_for_the_smoothing():

@@ -555,3 +555,28 @@ def test_the_epoch_a_time_budget_ends_the_run_after_is_scored(tmp_path, multi30k
     assert history["epochs"] == 1 and history["history"]["val_bleu"][0] is not None
     assert json.loads((tmp_path / "run" / "checkpoints" / "best.keras.json").read_text())[
         "epoch"] == 1
+
+
+def test_the_epoch_a_cooldown_plan_ends_the_run_after_is_foreseen():
+    # Within a budget a cooldown plan ends the run after the epochs it planned while the
+    # budget itself would hold one more (later epochs ran faster than the plan's): BLEU's
+    # question was the budget's alone, so the preset's 23rd and last epoch went unscored.
+    from keras_transformer.training.trainer import budget_ends_after
+
+    class Timed:
+        def __init__(self, seconds, elapsed):
+            self.epoch_seconds, self._elapsed = seconds, elapsed
+
+        def epoch_elapsed(self):
+            return self._elapsed
+
+    config = get_preset("tiny").replace(epochs=40, time_budget_minutes=55.0, lr_cooldown=0.3)
+    seconds = [160.0, 160.0] + [125.0] * 21  # 23 epochs: the plan's
+    assert not time_budget_reached(seconds, 55.0) and planned_epochs(config, seconds) == 23
+    assert budget_ends_after(config, Timed(seconds[:-1], 125.0), epoch=22)
+    assert not budget_ends_after(config, Timed(seconds[:-2], 125.0), epoch=21)
+    assert not budget_ends_after(config, Timed(seconds[:-1], None), epoch=22)  # not timing
+    # Without a cooldown, the budget's own rule.
+    plain = config.replace(lr_cooldown=0.0, time_budget_minutes=35.0)
+    assert budget_ends_after(plain, Timed([600.0, 660.0], 630.0), epoch=2)  # 31.5 + 11 > 35
+    assert not budget_ends_after(plain, Timed([600.0], 660.0), epoch=1)

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from keras_transformer.training.optimizers import make_optimizer
-from keras_transformer.training.schedules import TransformerSchedule
+from keras_transformer.training.schedules import TransformerSchedule, cooldown_steps
 
 
 def _paper_rate(step, d_model, warmup, scale=1.0):
@@ -123,6 +123,7 @@ def test_run_lengths_that_are_not_whole_updates_or_not_numbers_are_refused():
     # None for no cooldown, as for `total_steps`.
     plain = TransformerSchedule(64, 10, cooldown_steps=None)
     assert plain.cooldown_steps == 0 and plain.total_steps is None
-    # NumPy's integers are whole updates.
+    # NumPy's integers are whole updates; a NumPy run length gives a whole cooldown.
+    assert type(cooldown_steps(0.3, np.int64(2152))) is int
     assert TransformerSchedule(64, 10, total_steps=np.int64(100),
                                cooldown_steps=np.int64(20)).cooldown_steps == 20
