@@ -157,7 +157,7 @@ def beam_search(
     try:
         whole = (not isinstance(beam_size, (bool, str, bytes)) and math.isfinite(beam_size)
                  and int(beam_size) == beam_size)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         whole = False
     if not whole or beam_size < 1:
         raise ValueError(f"`beam_size` must be an int of at least 1, received {beam_size!r}.")

@@ -76,7 +76,11 @@ class BleuCallback(keras.callbacks.Callback):
             decides after this callback (`train` passes its budget's plan); that epoch is
             scored with the others, in its logs. A last epoch it did not foresee (a
             callback's stop) is scored when `fit` ends, before any callback after this one
-            restores other weights. Defaults to `None`.
+            restores other weights, unless its loss was not finite (`TerminateOnNaN`).
+            Defaults to `None`.
+        record_late: callable `(epoch, bleu)` or `None`: records a score made as `fit`
+            ends, when the epoch's logs are gone (`train` writes it into `history.json`).
+            Defaults to `None`.
 
     Example:
 
@@ -108,11 +112,15 @@ class BleuCallback(keras.callbacks.Callback):
         target_lang=None,
         initial_epoch=None,
         ends_after=None,
+        record_late=None,
     ):
         super().__init__()
         if ends_after is not None and not callable(ends_after):
             raise ValueError("`ends_after` must be None or a function of the epoch that says "
                              f"whether the run ends after it. Received: {ends_after!r}")
+        if record_late is not None and not callable(record_late):
+            raise ValueError("`record_late` must be None or a function (epoch, bleu). "
+                             f"Received: {record_late!r}")
         if not callable(translate_fn):
             raise ValueError(f"`translate_fn` must be a function from a list of source "
                              f"sentences to their translations. Received: {translate_fn!r}")
@@ -142,8 +150,10 @@ class BleuCallback(keras.callbacks.Callback):
         self.tokenize = bleu_tokenizer(target_lang)
         self.initial_epoch = initial_epoch
         self.ends_after = ends_after
+        self.record_late = record_late
         self.best_bleu = None
         self._last_epoch = self._scored_epoch = None  # this `fit`'s
+        self._last_loss_finite = True
 
     @property
     def _record_path(self):
@@ -187,13 +197,18 @@ class BleuCallback(keras.callbacks.Callback):
 
     def on_epoch_end(self, epoch, logs=None):
         self._last_epoch = epoch
+        loss = (logs or {}).get("loss")
+        self._last_loss_finite = loss is None or bool(np.all(np.isfinite(loss)))
         if self._scores(epoch):
             self._score(epoch, logs)
 
     def on_train_end(self, logs=None):
         # The run's last epoch, if a stop this callback did not foresee ended it unscored.
-        if self._last_epoch is not None and self._scored_epoch != self._last_epoch:
-            self._score(self._last_epoch, None, last=True)
+        if (self._last_epoch is not None and self._scored_epoch != self._last_epoch
+                and self._last_loss_finite):
+            bleu = self._score(self._last_epoch, None, last=True)
+            if self.record_late is not None:
+                self.record_late(self._last_epoch, bleu)
 
     def _score(self, epoch, logs, last=False):
         self._scored_epoch = epoch
@@ -207,12 +222,11 @@ class BleuCallback(keras.callbacks.Callback):
             which = " (the run's last)" if last else ""
             print(f"Epoch {epoch + 1}{which}: val_bleu = {bleu:.2f} ({best}) on "
                   f"{len(self.sources)} sentences in {time.time() - started:.1f}s", flush=True)
-        if not improved:
-            return
-        self.best_bleu = bleu
-        if self.best_path is None:
-            return
-        save_best(self.model, self.best_path, {"val_bleu": bleu, "epoch": epoch + 1})
+        if improved:
+            self.best_bleu = bleu
+            if self.best_path is not None:
+                save_best(self.model, self.best_path, {"val_bleu": bleu, "epoch": epoch + 1})
+        return bleu
 
 
 def read_best_record(model_path, initial_epoch=None):
@@ -594,6 +608,14 @@ class RunHistory(keras.callbacks.Callback):
     def train_seconds(self):
         """float, the training time of all epochs so far, over every process of the run."""
         return float(sum(self.epoch_seconds))
+
+    def record_late(self, name, epoch, value):
+        """Records `value` as the metric `name` of `epoch` (0-based), one already recorded
+        (a score made as `fit` ends, after the epoch's logs: `BleuCallback`)."""
+        values = self.history.setdefault(name, [])
+        values.extend([None] * (len(self.epoch_seconds) - len(values)))
+        values[epoch] = float(value)
+        write_json_atomically(self.path, self.record(), indent=2)
 
     def epoch_elapsed(self):
         """Seconds since the epoch now training began (this process's clock), or None

@@ -1032,6 +1032,7 @@ def _train(config, output_dir, write_dir, strategy, data_dir, local_dir, make_tr
             verbose=verbose,
             ends_after=None if config.time_budget_minutes is None else (
                 lambda epoch: budget_ends_after(config, run_history, epoch)),
+            record_late=lambda epoch, bleu: run_history.record_late("val_bleu", epoch, bleu),
         )
     late_dropout = []
     if config.late_dropout is not None:

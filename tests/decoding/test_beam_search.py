@@ -257,7 +257,7 @@ def test_beam_rejects_bad_beam_size():
     with pytest.raises(ValueError, match="beam_size"):
         beam_search(NeverEndModel().next_logits, {}, 1, 3, beam_size=0)
     # A fraction ran as the beam below it.
-    for beam_size in (2.7, float("nan"), float("inf"), "4"):
+    for beam_size in (2.7, float("nan"), float("inf"), "4", 10**400):
         with pytest.raises(ValueError, match="beam_size"):
             beam_search(NeverEndModel().next_logits, {}, 1, 3, beam_size=beam_size)
 

@@ -141,11 +141,33 @@ def test_a_run_stopped_before_its_epochs_has_its_last_epoch_scored_when_it_ends(
     assert len(translator.calls) == 1 and callback.best_bleu == pytest.approx(100.0)
     with open(tmp_path / "best.keras.json") as f:
         assert json.load(f) == {"val_bleu": pytest.approx(100.0), "epoch": 2}
+    # The score reaches the run's record through `record_late` (the epoch's logs are gone).
+    recorded = []
+    translator = ScriptedTranslator([SOURCES])
+    callback = BleuCallback(translator, SOURCES, SOURCES, every_n_epochs=3, verbose=0,
+                            record_late=lambda epoch, bleu: recorded.append((epoch, bleu)))
+    _tiny_fit([callback, StopAfterSecond()], epochs=6)
+    assert recorded == [(1, pytest.approx(100.0))]
     # Scored already: not again.
     translator = ScriptedTranslator([SOURCES] * 3)
     callback = BleuCallback(translator, SOURCES, SOURCES, every_n_epochs=2, verbose=0)
     _tiny_fit([callback, StopAfterSecond()], epochs=6)
     assert len(translator.calls) == 1
+
+
+def test_a_run_stopped_on_a_nan_loss_has_no_last_epoch_scored(tmp_path):
+    # TerminateOnNaN (or any stop inside an epoch with a NaN loss): weights not worth a
+    # score, and with no best yet they would have become best.keras.
+    class NanLoss(keras.callbacks.Callback):
+        def on_epoch_end(self, epoch, logs=None):
+            logs["loss"] = float("nan")
+            self.model.stop_training = True
+
+    translator = ScriptedTranslator([SOURCES])
+    callback = BleuCallback(translator, SOURCES, SOURCES, every_n_epochs=3, verbose=0,
+                            best_path=str(tmp_path / "best.keras"))
+    _tiny_fit([NanLoss(), callback], epochs=6)
+    assert translator.calls == [] and not os.path.exists(tmp_path / "best.keras")
 
 
 def test_resumed_run_keeps_earlier_best(tmp_path):

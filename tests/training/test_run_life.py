@@ -553,6 +553,14 @@ def test_the_epoch_a_time_budget_ends_the_run_after_is_scored(tmp_path, multi30k
           report_padding=False, verbose=0)
     history = read_run_history(tmp_path / "run" / "history.json")
     assert history["epochs"] == 1 and history["history"]["val_bleu"][0] is not None
+    # A score made as `fit` ends (a stop the callback did not foresee) reaches history.json.
+    from keras_transformer.training.callbacks import RunHistory
+
+    record = RunHistory(tmp_path / "history.json", initial={
+        "history": {"loss": [3.0, 2.0]}, "epoch_seconds": [1.0, 1.0]})
+    record.record_late("val_bleu", 1, 12.5)
+    assert read_run_history(tmp_path / "history.json")["history"] == {
+        "loss": [3.0, 2.0], "val_bleu": [None, 12.5]}
     assert json.loads((tmp_path / "run" / "checkpoints" / "best.keras.json").read_text())[
         "epoch"] == 1
 
