@@ -1,3 +1,5 @@
+import re
+
 import keras
 import numpy as np
 import pytest
@@ -151,6 +153,45 @@ def test_keras_file_reloads_with_safe_mode_and_identical_outputs(tmp_path, norm_
     loaded = keras.saving.load_model(path, safe_mode=True)
     np.testing.assert_array_equal(_np(loaded(_batch())), _np(model(_batch())))
     assert loaded.count_params() == model.count_params()
+
+
+def _rewrite_keras_config(path, edit):
+    """Rewrites the `config.json` inside the `.keras` zip at `path` with `edit(text) -> text`."""
+    import zipfile
+
+    with zipfile.ZipFile(path) as source:
+        members = {name: source.read(name) for name in source.namelist()}
+    members["config.json"] = edit(members["config.json"].decode("utf-8")).encode("utf-8")
+    with zipfile.ZipFile(path, "w") as target:
+        for name, data in members.items():
+            target.writestr(name, data)
+
+
+def test_a_keras_file_saved_with_integer_flags_still_loads(tmp_path):
+    # Before the layers refused non-bool flags, `norm_first=1` (or `learned_positions=0`,
+    # `skip_padding=1`, ...) built the model a Python truth test says and saved the int.
+    # Such files must load as they were built; only new calls are refused.
+    model = build_transformer(**TINY, norm_first=True, learned_positions=False)
+    path = tmp_path / "model.keras"
+    model.save(path)
+    flags = r'("(?:norm_first|skip_padding|learned_positions|scale_embeddings|mask_zero)"): (true|false)'
+    _rewrite_keras_config(path, lambda text: re.sub(
+        flags, lambda m: f"{m.group(1)}: {int(m.group(2) == 'true')}", text))
+    loaded = keras.saving.load_model(path, safe_mode=True)
+    np.testing.assert_array_equal(_np(loaded(_batch())), _np(model(_batch())))
+    assert loaded.get_layer("encoder").get_config()["norm_first"] is True
+    assert loaded.get_layer("decoder").get_config()["skip_padding"] is False
+    embedding = loaded.get_layer("embedding").get_config()
+    assert embedding["learned_positions"] is False and embedding["scale_embeddings"] is True
+
+
+def test_a_keras_file_with_a_flag_that_is_not_a_bool_or_0_1_is_refused(tmp_path):
+    model = build_transformer(**TINY)
+    path = tmp_path / "model.keras"
+    model.save(path)
+    _rewrite_keras_config(path, lambda text: text.replace('"norm_first": false', '"norm_first": "no"'))
+    with pytest.raises(Exception, match=r"norm_first='no'"):
+        keras.saving.load_model(path, safe_mode=True)
 
 
 @pytest.mark.slow

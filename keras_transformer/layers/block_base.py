@@ -10,6 +10,7 @@ from keras_transformer.layers.utils import (
     check_positive_int,
     check_rate,
     clone_initializer,
+    read_saved_flags,
     sublayer_connection,
 )
 
@@ -148,6 +149,11 @@ class BlockBase(keras.layers.Layer):
             "self_attention": self._scores_spec(inputs, None if cached else inputs.shape[1]),
             "cross_attention": self._scores_spec(inputs, memory_length),
         }
+
+    @classmethod
+    def from_config(cls, config):
+        # `skip_padding` is the stacks' (`Encoder`, `Decoder`); absent from a block's config.
+        return super().from_config(read_saved_flags(config, ("norm_first", "skip_padding")))
 
     def get_config(self):
         config = super().get_config()

@@ -7,7 +7,12 @@ from keras import ops
 
 from keras_transformer.layers import masking
 from keras_transformer.layers.packing import PackedRows
-from keras_transformer.layers.utils import check_bool, check_positive_int, check_rate
+from keras_transformer.layers.utils import (
+    check_bool,
+    check_positive_int,
+    check_rate,
+    read_saved_flags,
+)
 
 # The base of the sinusoid wavelengths in the paper (section 3.5).
 SINUSOID_BASE = 10000.0
@@ -224,6 +229,11 @@ class PositionalEmbedding(keras.layers.Layer):
                 self._checked_start(start_index, inputs.shape[-1])
             shape = tuple(inputs.shape) + (self.d_model,)
         return keras.KerasTensor(shape, dtype=self.compute_dtype)
+
+    @classmethod
+    def from_config(cls, config):
+        return super().from_config(read_saved_flags(
+            config, ("learned_positions", "scale_embeddings", "mask_zero")))
 
     def get_config(self):
         config = super().get_config()

@@ -37,6 +37,21 @@ def check_bool(name, value):
     return bool(value)
 
 
+def read_saved_flags(config, names):
+    """A copy of a saved layer `config` whose flags `names` saved as the ints 0 or 1 are bools.
+
+    Before `check_bool`, `norm_first=1` built the model a Python truth test gives and was
+    saved as the int; such files load as they were built. Anything else stays as it is, for
+    `check_bool` to refuse.
+    """
+    config = dict(config)
+    for name in names:
+        value = config.get(name)
+        if isinstance(value, numbers.Integral) and not isinstance(value, bool) and value in (0, 1):
+            config[name] = bool(value)
+    return config
+
+
 def check_epsilon(name, value):
     """Returns a layer normalization epsilon as a Python float, or raises ValueError naming
     `name` unless it is a finite number above 0: None built and trained (Keras' default),
