@@ -184,7 +184,7 @@ def scan_split(source, split, source_tokenizer, target_tokenizer, max_length, ba
     return report, num_batches
 
 
-def _file_stats(spec, splits):
+def data_file_stats(spec, splits):
     """`{path: [size, mtime_ns]}` of a source's local files (`data_files`) of `splits` (those
     the report counts: a test set, neither counted nor trained on, may be corrected during a
     run), so that a report counted before the files were edited is not reused; `{}` for
@@ -255,7 +255,7 @@ def prepare_data_report(source, config, source_tokenizer, target_tokenizer, outp
     fingerprint = dict(source=source.spec(), reader_rules=READER_RULES,
                        max_length=config.max_length,
                        train_subset=config.train_subset, drop_long=config.drop_long_pairs,
-                       files=_file_stats(source.spec(), splits), **batching)
+                       files=data_file_stats(source.spec(), splits), **batching)
     path = pathlib.Path(output_dir) / REPORT_FILENAME
     if path.is_file():
         try:
@@ -285,5 +285,5 @@ def prepare_data_report(source, config, source_tokenizer, target_tokenizer, outp
     return data_report
 
 
-__all__ = ["CACHE_MAX_PAIRS", "DataReport", "REPORT_FILENAME", "open_run_source",
-           "prepare_data_report", "scan_split"]
+__all__ = ["CACHE_MAX_PAIRS", "DataReport", "REPORT_FILENAME", "data_file_stats",
+           "open_run_source", "prepare_data_report", "scan_split"]

@@ -28,6 +28,7 @@ import tensorflow as tf
 from keras_transformer.data import compare_padding, make_translation_dataset
 from keras_transformer.data.preparation import (
     CACHE_MAX_PAIRS,
+    data_file_stats,
     open_run_source,
     prepare_data_report,
 )
@@ -35,7 +36,7 @@ from keras_transformer.data.readers import write_json_atomically
 from keras_transformer.model import build_transformer
 from keras_transformer.text import load_tokenizers, train_tokenizers
 from keras_transformer.text.subword_sampling import SegmentationSampler
-from keras_transformer.textfiles import is_partial, remove_stale_partials
+from keras_transformer.textfiles import file_digest, is_partial, remove_stale_partials
 from keras_transformer.training.callbacks import (
     BleuCallback,
     LateDropout,
@@ -107,20 +108,54 @@ def _pairs(dataset, source_lang, target_lang, limit=None):
     return sources, references
 
 
-def prepare_tokenizers(config, train_split, output_dir):
+# Next to the vocabulary: the training files it was made from (`prepare_tokenizers`).
+_TRAINED_ON = "trained_on.json"
+
+
+def _changed_files(record, data_files):
+    """The paths of `data_files` (`{path: [size, mtime_ns]}`) whose content is not what
+    `record` (`{path: {"stat": ..., "digest": ...}}`) says, or that came or went."""
+    changed = sorted(set(record) ^ set(data_files))
+    for path in sorted(set(record) & set(data_files)):
+        if list(data_files[path]) != record[path].get("stat"):
+            try:
+                if file_digest(path) != record[path].get("digest"):
+                    changed.append(path)
+            except OSError:
+                changed.append(path)
+    return changed
+
+
+def prepare_tokenizers(config, train_split, output_dir, data_files=None):
     """Loads the run's tokenizers, training them on the train split the first time.
 
     A vocabulary file that cannot be read (cut short by a kill or a full disk before it
     was written atomically, or in a copy) is trained again while no epoch was trained with
     it; once one was, the model's ids are that vocabulary's pieces, and the run is refused
     with a `ValueError` naming the file.
+
+    With `data_files`, `{path: [size, mtime_ns]}` of the local files the train split reads
+    (`data_file_stats`), the vocabulary is trained again, and that said, when one of them
+    has other content than the vocabulary was trained on and no epoch was trained with it:
+    a first start stopped after its vocabulary, then the user replaced the files. (Once an
+    epoch was, the data report refuses the changed files: `prepare_data_report`.)
     """
     output_dir = pathlib.Path(output_dir)
     directory = output_dir / "tokenizer"
     try:
         tokenizers = load_tokenizers(directory)
-        logger.info("Reusing the tokenizer in %s", directory)
-        return tokenizers
+        record_path = directory / _TRAINED_ON
+        changed = []
+        if data_files is not None and record_path.is_file() and not _trained_files(output_dir):
+            try:
+                changed = _changed_files(json.loads(record_path.read_text()), data_files)
+            except (ValueError, AttributeError):  # unreadable: trained on unknown files
+                changed = sorted(data_files)
+        if not changed:
+            logger.info("Reusing the tokenizer in %s", directory)
+            return tokenizers
+        print(f"{changed[0]} changed since the vocabulary was trained on it, and no epoch "
+              "was trained with it: the vocabulary is trained again.", flush=True)
     except FileNotFoundError:
         pass
     except (RuntimeError, ValueError) as error:
@@ -156,6 +191,10 @@ def prepare_tokenizers(config, train_split, output_dir):
         normalization_rule_name=config.normalization,
         character_coverage=config.character_coverage,
     )
+    if data_files is not None:
+        write_json_atomically(directory / _TRAINED_ON, {
+            path: {"stat": list(stat), "digest": file_digest(path)}
+            for path, stat in data_files.items()})
     print(f"Trained a {config.vocab_size}-piece {'shared' if config.shared_vocabulary else 'separate'}"
           f" SentencePiece vocabulary in {time.time() - started:.1f}s -> {directory}", flush=True)
     return tokenizers
@@ -924,7 +963,8 @@ def _train(config, output_dir, write_dir, strategy, data_dir, local_dir, make_tr
             splits = {split: source.dataset(split) if split in source.splits() else None
                       for split in ("train", "validation")}
             source_tokenizer, target_tokenizer = prepare_tokenizers(
-                config, source.pairs("train", limit=config.train_subset), write_dir)
+                config, source.pairs("train", limit=config.train_subset), write_dir,
+                data_files=data_file_stats(source.spec(), ("train",)))
             data_report = prepare_data_report(
                 source, config, source_tokenizer, target_tokenizer, write_dir, replicas,
                 resuming=bool(initial_epoch),

@@ -2,6 +2,7 @@
 model) and an export whose `translate` and `metadata` signatures run."""
 
 import json
+import os
 
 import pytest
 import tensorflow as tf
@@ -79,3 +80,50 @@ def test_tfds_translation_dataset_mocked(tmp_path):
                         "data": "tfds:ted_hrlr_translate/pt_to_en"}
     assert (config["source_lang"], config["target_lang"]) == ("pt", "en")
     assert report["splits"]["train"]["read"] == 40
+
+
+@pytest.mark.slow
+def test_a_vocabulary_is_trained_again_on_training_files_changed_before_any_epoch(
+        tmp_path, capsys):
+    # A first start stopped after its vocabulary (here on a bad byte in the validation file);
+    # the user then replaced the training files and ran the same command again. The old
+    # vocabulary, made from the old text, was reused without a word.
+    from keras_transformer.data import DataError
+    from tests.data.conftest import toy_pairs, write_bytes, write_lines
+
+    pairs = toy_pairs(96, 0)
+    cyrillic = str.maketrans("abcdefghiklmnoprstuxyz", "абцдефгхиклмнопрстухыз")
+    greek = str.maketrans("abcdefghiklmnoprstuxyz", "αβψδεφγηικλμνοπρστυχυζ")
+    train_fr, train_en = tmp_path / "train.fr", tmp_path / "train.en"
+    write_lines(train_fr, [fr for fr, _ in pairs] * 2)
+    write_lines(train_en, [en for _, en in pairs] + [en.translate(cyrillic) for _, en in pairs])
+    val_fr, val_en = tmp_path / "val.fr", tmp_path / "val.en"
+    write_lines(val_fr, [fr for fr, _ in pairs[:16]])
+    write_bytes(val_en, b"a dog\n\xff\n" * 8)
+    files = {"train": [str(train_fr), str(train_en)], "validation": [str(val_fr), str(val_en)]}
+    config = get_preset("tiny").replace(**{**TINY, "vocab_size": 320, "data": "files", "data_files": files,
+                                           "source_lang": "fr", "target_lang": "en"})
+    run_dir = tmp_path / "run"
+    with pytest.raises(DataError):
+        train(config, run_dir, report_padding=False, verbose=0)
+    vocabulary = run_dir / "tokenizer" / "tokenizer.model"
+    first = vocabulary.read_bytes()
+
+    # Only touched (the same bytes at a new time): the vocabulary is kept.
+    os.utime(train_en, ns=(10**18, 10**18))
+    capsys.readouterr()
+    with pytest.raises(DataError):  # the validation file is still bad
+        train(config, run_dir, report_padding=False, verbose=0)
+    assert "trained again" not in capsys.readouterr().out
+    assert vocabulary.read_bytes() == first
+
+    # New sentences in a training file: trained again, and said so.
+    write_lines(train_en, [en for _, en in pairs] + [en.translate(greek) for _, en in pairs])
+    write_lines(val_en, [en.translate(greek) for _, en in pairs[:16]])
+    run = train(config, run_dir, report_padding=False, verbose=0)
+    out = capsys.readouterr().out
+    assert "changed since the vocabulary was trained" in out and "trained again" in out
+    assert vocabulary.read_bytes() != first
+    # Greek letters are pieces of the new vocabulary (in the old one, two byte pieces each).
+    sentence = pairs[0][1].translate(greek)
+    assert len(run.target_tokenizer.tokenize([sentence])[0]) <= len(sentence)
