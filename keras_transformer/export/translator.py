@@ -15,6 +15,7 @@ from keras_transformer.decoding.utils import check_length_penalty_form
 from keras_transformer.export.inference import as_bytes, check_sentence_list
 from keras_transformer.model import TransformerParts
 from keras_transformer.text import END_ID, PAD_ID, START_ID, UNK_ID, SubwordTokenizer
+from keras_transformer.text.subword_tokenizer import strip_whitespace
 
 SEARCHES = ("beam", "greedy", "greedy_uncached", "sample")
 IN_PLACE_CACHE = ("beam", "all", "none")
@@ -466,6 +467,7 @@ class Translator(tf.Module):
         # batch failed in a strided_slice, and (B, 1) was read as B sentences. EnsureShape
         # runs: "Shape of tensor text [] is not compatible with expected shape [?]".
         text = tf.raw_ops.EnsureShape(input=text, shape=[None])
+        text = strip_whitespace(text)  # as training strips its sentences
         batch_size = tf.shape(text)[0]
         config = self.config
         if seeds is not None:

@@ -16,6 +16,23 @@ from keras_transformer.text.special_tokens import END_ID, PAD_ID, START_ID, UNK_
 MODEL_FILENAME = "tokenizer.model"
 
 
+# The characters Python's `str.isspace` names (`str.strip` removes them), in RE2's syntax:
+# the tab to the carriage return, the four separators U+001C-U+001F, U+0085, and Unicode's
+# separators (`\p{Z}`: spaces, U+2028, U+2029).
+_WHITESPACE = r"[\t-\r\x1c-\x1f\x85\p{Z}]"
+
+
+def strip_whitespace(text):
+    """`text` (a string tensor) stripped of leading and trailing whitespace in the graph,
+    as Python's `str.strip()` strips training sentences (`data.readers.keep_pair`).
+
+    Under `nmt_nfkc` the tokenizer's rule strips them anyway; under `nfkc` or `identity`
+    a request's `"...\\n"` or a leading ideographic space would otherwise be tokenized
+    into pieces training never saw. Bytes that are not UTF-8 are kept as they are.
+    """
+    return tf.strings.regex_replace(text, f"^{_WHITESPACE}+|{_WHITESPACE}+$", "")
+
+
 class _SentencepieceModel(tf.saved_model.experimental.TrackableResource):
     """The SentencePiece processor resource, recreated from the model asset's bytes.
 

@@ -117,6 +117,44 @@ def test_a_line_of_invisible_characters_translates_to_nothing(small_tokenizer):
     assert length[3] > 0
 
 
+@pytest.mark.parametrize("rule", ["nfkc", "identity"])
+def test_a_source_is_stripped_as_training_strips_its_sentences(tmp_path, rule):
+    # Training strips every sentence (`str.strip`). Under `nmt_nfkc` the tokenizer's own
+    # rule agreed; under `nfkc` or `identity` (the settings for Persian or CJK text) a
+    # request's "text\n", leading tab or ideographic-space indent became byte pieces the
+    # model never saw in training, and another translation.
+    from keras_transformer.text import SubwordTokenizer, train_sentencepiece
+    from tests.export.conftest import make_sentences
+
+    path = train_sentencepiece(make_sentences(400, seed=3), tmp_path / f"{rule}.model",
+                               vocab_size=300, hard_vocab_limit=False,
+                               normalization_rule_name=rule)
+    tokenizer = SubwordTokenizer(path)
+    translator = tiny_translator(tokenizer, tiny_model(tokenizer), search="greedy",
+                                 max_input_length=TABLE, max_output_length=8)
+    clean = "ka lo mi nu"
+    padded = ["\t" + clean + "\n", clean + "\r\n", "\u3000" + clean, "\u00a0" + clean + " ",
+              "\x1c\x85" + clean + "\u2028\u202f\x0b"]
+    assert all(text.strip() == clean for text in padded)
+    text, score, length = outputs(translator, [clean] + padded)
+    assert text[1:] == [text[0]] * len(padded)
+    np.testing.assert_array_equal(score[1:], [score[0]] * len(padded))
+    np.testing.assert_array_equal(length[1:], [length[0]] * len(padded))
+
+
+def test_the_in_graph_strip_removes_what_python_strips():
+    from keras_transformer.text.subword_tokenizer import strip_whitespace
+
+    characters = [chr(c) for c in range(0x110000) if not 0xD800 <= c <= 0xDFFF]
+    texts = [c + "x" + c for c in characters]
+    stripped = strip_whitespace(tf.constant([t.encode("utf-8") for t in texts])).numpy()
+    wrong = [hex(ord(c)) for c, t, got in zip(characters, texts, stripped)
+             if got.decode("utf-8") != t.strip()]
+    assert not wrong
+    # Invalid UTF-8 is kept as it is (the tokenizer replaces it), not an error.
+    assert strip_whitespace(tf.constant([b" \xff x\t"])).numpy().tolist() == [b"\xff x"]
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("search", ["greedy", "beam"])
 def test_a_translation_cut_at_its_length_limit_is_flagged(copy_task, search):
