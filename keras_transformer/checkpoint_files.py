@@ -105,7 +105,24 @@ def check_trained_past(newest_epoch, run_dir, what):
             f"{what} epoch-{newest_epoch:03d}, but the run's final model holds {epochs} "
             "epochs: it trained on without keeping epoch checkpoints (keep_checkpoints), so "
             "an average would hold older weights than the run. Export --checkpoint best or "
-            "final, or train on with --set keep_checkpoints=N and average the last epochs.")
+            "final, or train on with --set keep_checkpoints=N for at least N more epochs and "
+            "average those.")
+
+
+def consecutive_tail(epochs):
+    """The longest run of consecutive epochs at the end of sorted `epochs`."""
+    start = len(epochs) - 1
+    while start > 0 and epochs[start - 1] == epochs[start] - 1:
+        start -= 1
+    return epochs[start:]
+
+
+def consecutive_advice(epochs):
+    """What to do about an average of the sorted, not consecutive `epochs`."""
+    tail = consecutive_tail(epochs)
+    return (f"Average the last {len(tail)} (`keras-transformer average --model RUN --last "
+            f"{len(tail)}`), or train on with --set keep_checkpoints=N for at least N more "
+            "epochs and average those.")
 
 
 def check_average_is_current(path):
@@ -164,6 +181,12 @@ def check_average_is_current(path):
         raise ValueError(
             f"{path} averages {', '.join(dropped)}, which the run no longer has while it "
             f"keeps earlier epochs: it resumed from before them. {again}")
+    epochs = sorted(epoch for epoch, _, _ in averaged)
+    if epochs != list(range(epochs[0], epochs[-1] + 1)):
+        raise ValueError(
+            f"{path} averages {names}, which are not consecutive epochs: the run did not "
+            f"keep the epochs between them, and the average mixes weights from far apart in "
+            f"the run. {consecutive_advice(epochs)}")
     changed = [name for epoch, name, digest in averaged
                if epoch in existing and file_digest(existing[epoch]) != digest]
     if changed:

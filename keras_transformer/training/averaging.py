@@ -19,7 +19,7 @@ import numpy as np
 
 from keras_transformer.checkpoint_files import (
     AVERAGED_NAME, average_record, average_record_path, check_run_directory,
-    check_trained_past, numbered_epoch_checkpoints,
+    check_trained_past, consecutive_advice, consecutive_tail, numbered_epoch_checkpoints,
 )
 from keras_transformer.data.readers import write_json_atomically
 from keras_transformer.textfiles import remove_stale_partials
@@ -135,6 +135,14 @@ def average_run(run_dir, last=5, output=None):
                              f".keras, not {str(output)!r}.")
         if not output.parent.is_dir():
             raise ValueError(f"The directory of {str(output)!r} does not exist.")
+        own = [run_dir / "model.keras", run_dir / "checkpoints" / "best.keras",
+               run_dir / "checkpoints" / "last.keras"]
+        if any(output.resolve() == path.resolve() for path in own):
+            raise ValueError(
+                f"{str(output)!r} is one of the run's own models (its final, best or last): "
+                "an average written there would replace it and its record, and a "
+                "continuation of the run would restart its optimizer. Give another path "
+                "(without --out: the run's checkpoints/averaged.keras).")
     check_run_directory(run_dir)
     found = numbered_epoch_checkpoints(run_dir / "checkpoints")  # (epoch, path)
     if not found:
@@ -143,8 +151,16 @@ def average_run(run_dir, last=5, output=None):
             "--set keep_checkpoints=N to keep the last N epochs' weights."
         )
     check_trained_past(found[-1][0], run_dir, "The run's newest epoch checkpoint is")
-    architecture = averaging_base(run_dir)
     chosen = found[-last:]
+    epochs = [epoch for epoch, _ in chosen]
+    if len(consecutive_tail(epochs)) < len(epochs):
+        names = ", ".join(pathlib.Path(path).name for _, path in chosen)
+        raise ValueError(
+            f"The run's last {len(chosen)} epoch checkpoints ({names}) are not consecutive "
+            "epochs: the run did not keep the epochs between them (keep_checkpoints changed "
+            "between continuations), and their average would mix weights from far apart in "
+            f"the run. {consecutive_advice(epochs)}")
+    architecture = averaging_base(run_dir)
     # Recorded before averaging: the record names the content the average reads.
     record = average_record(chosen)
     chosen = [path for _, path in chosen]

@@ -310,3 +310,61 @@ def test_average_says_when_the_run_kept_fewer_epochs_than_asked(run_dir, capsys)
     assert "Averaged 4 checkpoint(s)" in out and "kept 4 of the 6" in out
     main(["average", "--model", str(run_dir), "--last", "2"])
     assert "kept" not in capsys.readouterr().out
+
+
+def _keep_epochs(run_dir, epochs, final_epochs):
+    """Leaves the epoch checkpoints `epochs` (renamed from the fixture's) and records the
+    final model as holding `final_epochs`."""
+    directory = run_dir / "checkpoints"
+    existing = sorted(directory.glob("epoch-*.weights.npz"))
+    for path in existing:
+        path.rename(directory / ("old-" + path.name))
+    for epoch, path in zip(epochs, sorted(directory.glob("old-*"))):
+        path.rename(directory / f"epoch-{epoch:03d}.weights.npz")
+    for path in directory.glob("old-*"):
+        path.unlink()
+    (run_dir / "model.keras.json").write_text(json.dumps({"epoch": final_epochs}))
+
+
+def test_an_average_of_epochs_with_a_gap_is_refused(run_dir, capsys):
+    # A continuation with keep_checkpoints=0 (epochs 5-6), then one with 3 again, kept
+    # epochs 4, 7 and 8: `--last 3` averaged epoch 4 with 7 and 8 and said nothing.
+    from keras_transformer.cli import main
+
+    _keep_epochs(run_dir, [4, 7, 8], final_epochs=8)
+    with pytest.raises(ValueError, match=r"(?s)epoch-004.*epoch-007.*not consecutive.*--last 2"):
+        average_run(run_dir, last=3)
+    with pytest.raises(SystemExit, match="not consecutive"):
+        main(["average", "--model", str(run_dir), "--last", "5"])
+    assert not (run_dir / "checkpoints" / "averaged.keras").exists()
+    path, used = average_run(run_dir, last=2)
+    assert [pathlib.Path(p).name for p in used] == ["epoch-007.weights.npz",
+                                                     "epoch-008.weights.npz"]
+
+
+def test_an_average_written_across_a_gap_is_not_exported(run_dir):
+    # Averages written before the refusal above: their record names epochs 4, 7 and 8.
+    from keras_transformer.checkpoint_files import average_record, check_average_is_current
+
+    _keep_epochs(run_dir, [4, 7, 8], final_epochs=8)
+    path, _ = average_run(run_dir, last=2)
+    checkpoints = sorted((run_dir / "checkpoints").glob("epoch-*.weights.npz"))
+    record = average_record([(int(p.name[6:9]), str(p)) for p in checkpoints])
+    pathlib.Path(average_record_path(path)).write_text(json.dumps(record))
+    with pytest.raises(ValueError, match=r"(?s)not consecutive.*average --model RUN --last"):
+        check_average_is_current(path)
+
+
+@pytest.mark.parametrize("name", ["model.keras", "checkpoints/best.keras",
+                                  "checkpoints/last.keras"])
+def test_an_average_never_overwrites_the_runs_own_models(run_dir, name):
+    # `average --out RUN/model.keras` replaced the final model and its epoch record: a
+    # continuation then restarted the optimizer (step 0, no moments) with one warning.
+    target = run_dir / name
+    keras_file = target.exists()
+    if not keras_file:
+        _tiny_model().save(target)
+    before = target.read_bytes()
+    with pytest.raises(ValueError, match=r"the run's own"):
+        average_run(run_dir, last=2, output=target)
+    assert target.read_bytes() == before
