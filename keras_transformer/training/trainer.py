@@ -834,7 +834,9 @@ def train(
             epochs it was given. Under several workers, a stop one of them decides at an
             epoch's end (an `EarlyStopping` on `val_bleu`, the chief's) stops all
             (`StopTogether`); one decided in the middle of an epoch must be decided alike
-            on every worker. Defaults to `None`.
+            on every worker. In a resumed or continued run they start afresh (Keras keeps
+            a callback's state, such as `EarlyStopping`'s patience count, in memory only),
+            and the run says so. Defaults to `None`.
         cluster_timeout_minutes: float or `None`, with a strategy name that resolves to
             `"multi_worker"`: how long this worker waits for the others to connect before
             it exits with status 1 (`None` or 0: no limit; `select_strategy`). Defaults to
@@ -1103,6 +1105,12 @@ def _train(config, output_dir, write_dir, strategy, data_dir, local_dir, make_tr
         # The user's before the final save: what they restore as `fit` ends is saved.
         more_callbacks=late_dropout + list(callbacks or []) + together,
     )
+    if callbacks and initial_epoch:
+        names = ", ".join(sorted({type(callback).__name__ for callback in callbacks}))
+        print(f"Resuming after epoch {initial_epoch}: your callbacks ({names}) start afresh. "
+              "What they held in memory in the earlier process (EarlyStopping's best value "
+              "and patience count, for one) is not restored; they count from epoch "
+              f"{initial_epoch + 1}.", flush=True)
     model.fit(
         train_ds,
         validation_data=val_ds,

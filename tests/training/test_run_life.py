@@ -337,6 +337,30 @@ def test_a_new_run_is_not_started_among_other_files(tmp_path):
 
 
 @pytest.mark.slow
+def test_a_continued_run_says_its_callers_callbacks_start_afresh(
+        tmp_path, multi30k_tfds_dir, capsys):
+    # An `EarlyStopping(patience=...)` of the caller's counted its patience from zero again
+    # in a resumed or continued run (its state is in memory only), so the run trained
+    # epochs the uninterrupted one would not have: nothing said so.
+    import keras
+
+    config = get_preset("tiny").replace(epochs=1, steps_per_epoch=None, train_subset=48,
+                                        bleu_sentences=0)
+    train(config, tmp_path / "run", data_dir=multi30k_tfds_dir, strategy="default",
+          report_padding=False, verbose=0,
+          callbacks=[keras.callbacks.EarlyStopping(monitor="loss", patience=3)])
+    assert "start afresh" not in capsys.readouterr().out  # a new run: nothing to restore
+    train(config.replace(epochs=2), tmp_path / "run", data_dir=multi30k_tfds_dir,
+          strategy="default", report_padding=False, verbose=0,
+          callbacks=[keras.callbacks.EarlyStopping(monitor="loss", patience=3)])
+    out = capsys.readouterr().out
+    assert "EarlyStopping" in out and "start afresh" in out and "after epoch 1" in out
+    train(config.replace(epochs=3), tmp_path / "run", data_dir=multi30k_tfds_dir,
+          strategy="default", report_padding=False, verbose=0)
+    assert "start afresh" not in capsys.readouterr().out  # no callbacks of the caller's
+
+
+@pytest.mark.slow
 def test_budgeted_cooldown_plans_the_schedule_and_a_cooled_run_is_finished(
         tmp_path, multi30k_tfds_dir, capsys):
     config = get_preset("tiny").replace(
