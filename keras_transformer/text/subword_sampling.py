@@ -14,6 +14,7 @@ References:
 """
 
 import array
+import math
 import time
 
 import numpy as np
@@ -23,6 +24,8 @@ import tensorflow as tf
 from keras_transformer.text.subword_tokenizer import SubwordTokenizer
 
 # Sentences handed to SentencePiece per `nbest_encode` call (bounds the protos in memory).
+# The most segmentations SentencePiece's `nbest_encode` gives (`nbest_size <= 512`).
+MAX_NBEST = 512
 _ENCODE_CHUNK = 4096
 # A progress line every this many sentences (about 10 s of `nbest_encode` at nbest 16).
 _PROGRESS_EVERY = 50_000
@@ -117,10 +120,11 @@ class SegmentationSampler:
     """
 
     def __init__(self, tokenizer, sentences, nbest, alpha, log=None):
-        if int(nbest) != nbest or nbest < 1:
-            raise ValueError(f"`nbest` must be an integer >= 1. Received: {nbest}")
-        if not alpha >= 0:
-            raise ValueError(f"`alpha` must be >= 0. Received: {alpha}")
+        if int(nbest) != nbest or not 1 <= nbest <= MAX_NBEST:
+            raise ValueError(f"`nbest` must be an integer in [1, {MAX_NBEST}] (SentencePiece's "
+                             f"limit). Received: {nbest}")
+        if not 0 <= alpha < math.inf:
+            raise ValueError(f"`alpha` must be a finite number >= 0. Received: {alpha}")
         self.nbest = int(nbest)
         self.alpha = float(alpha)
         started = time.perf_counter()

@@ -11,6 +11,9 @@ import typing
 PRECISIONS = (None, "mixed_bfloat16", "mixed_float16", "auto")
 # SentencePiece normalization rules a vocabulary may be trained with (`normalization`).
 NORMALIZATIONS = ("nmt_nfkc", "nfkc", "identity")
+# The most segmentations SentencePiece samples from (`subword_nbest`): `nbest_encode`'s limit,
+# `text.subword_sampling.MAX_NBEST` (not imported: this module loads no TensorFlow).
+MAX_NBEST = 512
 # CPU feature flags (Linux /proc/cpuinfo) of instructions that compute bfloat16 dot products
 # natively. Without them TensorFlow emulates bfloat16 and `mixed_bfloat16` trains slower than
 # float32; with AVX-512 BF16 it trained the `multi30k` model 1.32x faster (RESULTS.md).
@@ -363,10 +366,12 @@ class TrainingConfig:
         if self.attention_dropout is not None and not 0.0 <= self.attention_dropout < 1.0:
             raise ValueError("`attention_dropout` must be in [0, 1) or None. Received: "
                              f"{self.attention_dropout}")
-        if self.subword_nbest < 1:
-            raise ValueError(f"`subword_nbest` must be >= 1. Received: {self.subword_nbest}")
-        if not self.subword_alpha >= 0:
-            raise ValueError(f"`subword_alpha` must be >= 0. Received: {self.subword_alpha}")
+        if not 1 <= self.subword_nbest <= MAX_NBEST:
+            raise ValueError(f"`subword_nbest` must be in [1, {MAX_NBEST}] (SentencePiece's "
+                             f"limit). Received: {self.subword_nbest}")
+        if not 0 <= self.subword_alpha < math.inf:
+            raise ValueError("`subword_alpha` must be a finite number >= 0. Received: "
+                             f"{self.subword_alpha}")
         if self.late_dropout_min_epochs < 0:
             raise ValueError("`late_dropout_min_epochs` must be >= 0. Received: "
                              f"{self.late_dropout_min_epochs}")

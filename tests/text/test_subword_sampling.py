@@ -116,6 +116,12 @@ def test_invalid_settings_and_a_bpe_model_raise(tokenizer, sentences, tmp_path):
         SegmentationSampler(tokenizer, sentences, nbest=0, alpha=0.2)
     with pytest.raises(ValueError, match="alpha"):
         SegmentationSampler(tokenizer, sentences, nbest=4, alpha=-1.0)
+    # SentencePiece's limit of 512 failed after the data report; an infinite alpha made
+    # every weight -inf and the first draw failed in a gather.
+    with pytest.raises(ValueError, match="nbest.*512"):
+        SegmentationSampler(tokenizer, sentences, nbest=513, alpha=0.2)
+    with pytest.raises(ValueError, match="alpha.*finite"):
+        SegmentationSampler(tokenizer, sentences, nbest=4, alpha=float("inf"))
     bpe = SubwordTokenizer(train_sentencepiece(
         [s for s in sentences if isinstance(s, str)] * 3, tmp_path / "bpe.model",
         vocab_size=600, model_type="bpe"))

@@ -139,6 +139,21 @@ def test_two_names_of_the_validation_split_are_refused():
             "train": "t.tsv", "validation": "v.tsv", "dev": "d.tsv"})
 
 
+@pytest.mark.parametrize("field, value", [
+    ("subword_nbest", 513), ("subword_nbest", 0), ("subword_alpha", float("inf")),
+    ("subword_alpha", -0.1),
+])
+def test_subword_sampling_settings_sentencepiece_cannot_use_are_refused(field, value):
+    # subword_nbest=600 and subword_alpha=Infinity were accepted, then failed after the
+    # vocabulary and the data report (SentencePiece's nbest limit is 512).
+    from keras_transformer.text import subword_sampling
+    from keras_transformer.training import presets
+
+    with pytest.raises(ValueError, match=rf"`{field}` must be"):
+        get_preset("tiny").replace(**{field: value})
+    assert presets.MAX_NBEST == subword_sampling.MAX_NBEST
+
+
 def test_numpy_numbers_become_python_numbers():
     import numpy as np
 
