@@ -106,7 +106,8 @@ def iter_lines(path, report=None):
 
     Only `\\n` ends a line (a Unicode line separator inside a sentence stays in it). A
     trailing `\\r` (CRLF) and a BOM at the start of the file are removed and counted in
-    `report.repaired`.
+    `report.repaired`. A file with no `\\n` but carriage returns between its lines (`\\r`
+    line endings) is refused.
 
     Args:
         path: str or path-like.
@@ -123,6 +124,11 @@ def iter_lines(path, report=None):
         for number, raw in enumerate(f, start=1):
             if raw.endswith(b"\n"):
                 raw = raw[:-1]
+            elif number == 1 and b"\r" in raw.rstrip(b"\r"):
+                raise DataError(
+                    f"{os.fspath(path)}: its lines end in a carriage return alone (\\r, as old "
+                    "Mac OS and Excel for Mac write them), so the whole file reads as one line "
+                    "(only \\n ends a line). Convert it: tr '\\r' '\\n' < FILE > FIXED")
             if raw.endswith(b"\r"):
                 raw = raw[:-1]
                 if report is not None:

@@ -150,6 +150,13 @@ def train_sentencepiece(
                 "commoner characters pieces of their own and spell the rarest in UTF-8 "
                 f"bytes ({fewer})."
             ) from None
+        if "sentences_.empty()" in str(error):
+            raise ValueError(
+                f"No training sentence is {max_sentence_length} bytes or shorter: "
+                f"SentencePiece leaves out lines longer than {max_sentence_length} bytes, "
+                "and every line of this corpus is (paragraphs, or a file read as one line). "
+                "Give it sentences: split the text into sentence pairs, one a line."
+            ) from None
         if "Vocabulary size too high" not in str(error):
             raise
         # "Vocabulary size too high (8000). Please set it to a value <= N."

@@ -107,6 +107,21 @@ def test_crlf_and_bom_are_repaired_and_counted(tmp_path):
     assert report.kept == 2
 
 
+def test_a_file_whose_lines_end_in_a_carriage_return_alone_is_refused(tmp_path):
+    # Old Mac OS and Excel for Mac end lines in \r alone: the file read as one line, which
+    # SentencePiece then skipped (longer than its limit) and failed with a bare
+    # "[!sentences_.empty()]" traceback, or the pair counts disagreed later.
+    source = write_bytes(tmp_path / "a.fr", b"un\rdeux\rtrois\r")
+    target = write_bytes(tmp_path / "a.en", b"one\rtwo\rthree\r")
+    with pytest.raises(DataError, match=rf"{source}.*carriage return.*tr '\\r' '\\n'"):
+        _read(source, target)
+    # A carriage return inside one sentence of an ordinary file is only a character.
+    source = write_bytes(tmp_path / "b.fr", b"un\rdeux\ntrois\n")
+    target = write_bytes(tmp_path / "b.en", b"one\ntwo\n")
+    pairs, _ = _read(source, target)
+    assert pairs[1] == ("trois", "two")
+
+
 def test_invalid_utf8_is_rejected_with_file_and_line(tmp_path):
     source = write_bytes(tmp_path / "a.fr", b"un\ncaf\xe9\n")  # Latin-1
     target = write_lines(tmp_path / "a.en", ["one", "coffee"])

@@ -59,6 +59,17 @@ def test_a_vocabulary_too_small_for_the_characters_is_a_clear_error(tmp_path):
     assert not (tmp_path / "x.model").exists()
 
 
+def test_a_corpus_of_lines_all_longer_than_the_limit_is_a_clear_error(tmp_path):
+    # Paragraph-aligned text: SentencePiece skips lines past `max_sentence_length` bytes,
+    # and with none left failed with "[!sentences_.empty()]".
+    import pytest
+
+    long_lines = [("Ein Hund rennt durch den Schnee. " * 200).strip()] * 5
+    with pytest.raises(ValueError, match=r"(?s)longer than 4192 bytes.*split"):
+        train_sentencepiece(long_lines, tmp_path / "x.model", vocab_size=300)
+    assert not (tmp_path / "x.model").exists()
+
+
 def test_a_write_that_fails_leaves_the_previous_model_whole(tmp_path, train_sentences,
                                                             monkeypatch):
     # The model was written in place: a kill or a full disk during the write left a
