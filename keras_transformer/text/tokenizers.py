@@ -106,7 +106,8 @@ def train_tokenizers(
     sentences together and saved as `output_dir/tokenizer.model`; both returned tokenizers
     are the same object, so a model can tie its embeddings and a SavedModel stores one
     asset. With `shared=False` each language gets its own vocabulary of `vocab_size`
-    pieces, saved as `source.model` and `target.model`.
+    pieces, saved as `source.model` and `target.model`. The other layout's files in
+    `output_dir` (from an earlier call) are removed.
 
     Args:
         pairs: the parallel text: a `tf.data.Dataset` of `{lang: string}` (what
@@ -148,6 +149,9 @@ def train_tokenizers(
         path = train_sentencepiece(
             sources + targets, output_dir / MODEL_FILENAME, vocab_size, **sentencepiece_options
         )
+        # The other layout's files go: `load_tokenizers` would read them first, or both.
+        for name in (SOURCE_FILENAME, TARGET_FILENAME):
+            (output_dir / name).unlink(missing_ok=True)
         tokenizer = SubwordTokenizer(path)
         return tokenizer, tokenizer
 
@@ -167,6 +171,7 @@ def train_tokenizers(
         if not any(output_dir.iterdir()):
             output_dir.rmdir()
         raise
+    (output_dir / MODEL_FILENAME).unlink(missing_ok=True)  # the shared layout's
     return SubwordTokenizer(source_path), SubwordTokenizer(target_path)
 
 

@@ -127,3 +127,17 @@ def test_a_target_vocabulary_that_fails_leaves_no_source_model(tmp_path):
         train_tokenizers(pairs, "fr", "en", vocab_size=300, shared=False,
                          output_dir=tmp_path / "tokenizer")
     assert not (tmp_path / "tokenizer").exists()
+
+
+def test_a_vocabulary_trained_again_in_the_other_layout_replaces_the_first(tmp_path):
+    # Shared, then separate into the same directory: `load_tokenizers` found the shared
+    # `tokenizer.model` first and returned the old vocabulary; and the other way round.
+    shared, _ = train_tokenizers(_pairs(), "en", "de", vocab_size=800, output_dir=tmp_path)
+    source, target = train_tokenizers(_pairs(), "en", "de", vocab_size=600, shared=False,
+                                      output_dir=tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["source.model", "target.model"]
+    loaded_source, loaded_target = load_tokenizers(tmp_path)
+    assert loaded_source is not loaded_target and loaded_source.vocab_size == 600
+    train_tokenizers(_pairs(), "en", "de", vocab_size=800, output_dir=tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["tokenizer.model"]
+    assert load_tokenizers(tmp_path)[0].vocab_size == 800
