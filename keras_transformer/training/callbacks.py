@@ -487,13 +487,13 @@ class ModelSaver(keras.callbacks.Callback):
         mode: `"min"`, `"max"` or `"auto"` (max for accuracies and BLEU, else min).
         earlier: the monitored values of earlier epochs (a resumed run's), the best of them
             to beat; None (an epoch without the value) and NaN are skipped.
-        initial_epoch: int or None, the epoch a resumed run resumes after. With `monitor`,
-            each save is recorded in `filepath + ".json"` (`{monitor: value, "epoch": N}`,
-            written before the model);
-            a best model recorded for a later epoch (saved before a kill that came before
-            that epoch's backup) is dropped when training begins, as `BleuCallback` drops
-            its own: its weights are of an epoch trained again, and its value is in no
-            history for a later epoch to beat.
+        initial_epoch: int or None, the epoch a resumed run resumes after. Each save is
+            recorded in `filepath + ".json"` (`{monitor: value, "epoch": N}`, or `{"epoch":
+            N}` without `monitor`; written before the model); a model recorded for a
+            later epoch (saved before a kill that came before that epoch's backup) is
+            dropped when training begins, as `BleuCallback` drops its own: its weights
+            are of an epoch trained again (or, resumed to fewer epochs, never), and a best
+            one's value is in no history for a later epoch to beat.
     """
 
     def __init__(self, filepath, monitor=None, mode="auto", earlier=(), initial_epoch=None):
@@ -511,12 +511,8 @@ class ModelSaver(keras.callbacks.Callback):
         self.best = (min if mode == "min" else max)(earlier) if earlier else None
         self.initial_epoch = initial_epoch
 
-    @property
-    def _record_path(self):
-        return None if self.monitor is None else f"{self.filepath}.json"
-
     def on_train_begin(self, logs=None):
-        if self._record_path is not None and os.path.exists(self._record_path) and (
+        if os.path.exists(f"{self.filepath}.json") and (
                 read_best_record(self.filepath, self.initial_epoch) is None):
             self.best = None  # dropped: its weights had replaced the earlier best's
 
@@ -539,7 +535,7 @@ class ModelSaver(keras.callbacks.Callback):
             self.best = value
             save_best(self.model, self.filepath, {self.monitor: value, "epoch": epoch + 1})
             return
-        save_atomically(self.model, self.filepath)
+        save_best(self.model, self.filepath, {"epoch": epoch + 1})
 
 
 class RunHistory(keras.callbacks.Callback):
@@ -1109,7 +1105,8 @@ def make_callbacks(
     - `DropoutSeeds(seed)`, if `seed` is given, then `bleu_callback` (if given), so
       `val_bleu` is in the epoch logs the others see;
     - `ModelSaver` saving the latest model every epoch to
-      `<output_dir>/checkpoints/last.keras` (or `last.weights.h5`), plus, if
+      `<output_dir>/checkpoints/last.keras` (or `last.weights.h5`; its epoch in
+      `last.keras.json`, a later epoch's dropped as a resumed run begins), plus, if
       `best_monitor` is set (e.g. `"val_loss"` or `"val_bleu"`), the best one to
       `checkpoints/best.keras` (a resumed run's earlier epochs in `run_history` count);
       every save atomic;
@@ -1192,7 +1189,7 @@ def make_callbacks(
     >>> _ = model.fit(x, y, validation_data=(x, y), epochs=1, verbose=0,
     ...               callbacks=callbacks)
     >>> sorted(os.listdir("run2/checkpoints"))
-    ['best.keras', 'best.keras.json', 'last.keras']
+    ['best.keras', 'best.keras.json', 'last.keras', 'last.keras.json']
     """
     suffix = _WEIGHTS_SUFFIX if save_weights_only else _MODEL_SUFFIX
     checkpoint_dir = os.path.join(output_dir, "checkpoints")
@@ -1200,7 +1197,8 @@ def make_callbacks(
     callbacks = [] if seed is None else [DropoutSeeds(seed)]
     if bleu_callback is not None:
         callbacks.append(bleu_callback)
-    callbacks.append(ModelSaver(os.path.join(checkpoint_dir, "last" + suffix)))
+    callbacks.append(ModelSaver(os.path.join(checkpoint_dir, "last" + suffix),
+                                initial_epoch=initial_epoch))
     if best_monitor is not None:
         callbacks.append(ModelSaver(
             os.path.join(checkpoint_dir, "best" + suffix), monitor=best_monitor,

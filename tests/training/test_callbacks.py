@@ -685,6 +685,27 @@ def test_a_resumed_run_drops_the_val_loss_best_of_an_epoch_its_backup_did_not_se
     assert path.exists() and best.best == 0.5
 
 
+def test_a_resumed_run_drops_the_last_model_of_an_epoch_past_its_backup(tmp_path):
+    # Killed after epoch 4's last.keras, before its backup, then resumed to 3 epochs (or
+    # killed again before epoch 4 ended): `export --checkpoint last` exported the weights
+    # of an epoch the run had discarded.
+    callbacks = make_callbacks(str(tmp_path), tensorboard=False, initial_epoch=0)
+    last = _checkpoint(callbacks, "last.keras")
+    last.set_model(build_stand_in_model())
+    last.on_epoch_end(3, {})
+    path = tmp_path / "checkpoints" / "last.keras"
+    with open(f"{path}.json") as f:
+        assert json.load(f) == {"epoch": 4}
+    kept = _checkpoint(make_callbacks(str(tmp_path), tensorboard=False, initial_epoch=4),
+                       "last.keras")
+    kept.on_train_begin()  # resumed after epoch 4: its own
+    assert path.exists()
+    resumed = _checkpoint(make_callbacks(str(tmp_path), tensorboard=False, initial_epoch=3),
+                          "last.keras")
+    resumed.on_train_begin()
+    assert not path.exists() and not os.path.exists(f"{path}.json")
+
+
 @pytest.mark.parametrize("name", ["last.keras", "best.keras"])
 def test_a_checkpoint_save_that_fails_leaves_the_previous_one(tmp_path, monkeypatch, name):
     # A full disk or a kill in the middle of a save must not leave a broken zip where the
@@ -702,8 +723,7 @@ def test_a_checkpoint_save_that_fails_leaves_the_previous_one(tmp_path, monkeypa
         checkpoint.on_epoch_end(1, {"loss": 1.0})
     assert path.read_bytes() == before
     # No partial file left (the best model's record beside it).
-    assert sorted(os.listdir(tmp_path / "checkpoints")) == (
-        [name, name + ".json"] if name == "best.keras" else [name])
+    assert sorted(os.listdir(tmp_path / "checkpoints")) == [name, name + ".json"]
 
 
 def test_the_best_bleu_checkpoint_is_replaced_whole_or_not_at_all(tmp_path, monkeypatch):
