@@ -5,6 +5,7 @@ import io
 import os
 import pathlib
 import re
+import warnings
 
 import sentencepiece as spm
 
@@ -108,8 +109,18 @@ def train_sentencepiece(
     """
     output_path = pathlib.Path(output_path)
     model = io.BytesIO()
+    counts = {"sentences": 0, "long": 0}
+
+    def counted(items):  # what SentencePiece skips for its length, counted
+        for sentence in items:
+            counts["sentences"] += 1
+            if (len(sentence) * 4 > max_sentence_length
+                    and len(sentence.encode("utf-8", "surrogatepass")) > max_sentence_length):
+                counts["long"] += 1
+            yield sentence
+
     options = dict(
-        sentence_iterator=_iter_sentences(sentences),
+        sentence_iterator=counted(_iter_sentences(sentences)),
         model_writer=model,
         vocab_size=vocab_size,
         model_type=model_type,
@@ -164,6 +175,12 @@ def train_sentencepiece(
             f"The training sentences cannot fill a vocabulary of vocab_size={vocab_size} "
             f"pieces ({error}): train with a smaller one (--set vocab_size=N) or on more data."
         ) from None
+    if counts["long"]:
+        warnings.warn(
+            f"{counts['long']:,} of the {counts['sentences']:,} training sentences are longer "
+            f"than {max_sentence_length} bytes: SentencePiece left them out of the "
+            "vocabulary's training. Split such text into sentences.", UserWarning,
+            stacklevel=2)
     output_path.parent.mkdir(parents=True, exist_ok=True)
     # Whole or not at all: a kill or a full disk during the write leaves the previous file
     # or none, never a truncated model no run can read.

@@ -70,6 +70,22 @@ def test_a_corpus_of_lines_all_longer_than_the_limit_is_a_clear_error(tmp_path):
     assert not (tmp_path / "x.model").exists()
 
 
+def test_sentences_left_out_for_their_length_are_counted_in_a_warning(tmp_path):
+    # 300 paragraphs and 40 short lines trained on the short lines alone, without a word.
+    import pytest
+
+    paragraph = ("Ein Hund rennt durch den Schnee. " * 200).strip()
+    short = ["A dog runs.", "Ein Hund rennt."] * 20
+    with pytest.warns(UserWarning, match=r"3 of the 43 training sentences .*4192 bytes"):
+        train_sentencepiece([paragraph] * 3 + short, tmp_path / "x.model", vocab_size=290,
+                            hard_vocab_limit=False)
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        train_sentencepiece(short, tmp_path / "y.model", vocab_size=290, hard_vocab_limit=False)
+
+
 def test_a_write_that_fails_leaves_the_previous_model_whole(tmp_path, train_sentences,
                                                             monkeypatch):
     # The model was written in place: a kill or a full disk during the write left a
