@@ -112,18 +112,53 @@ def _pairs(dataset, source_lang, target_lang, limit=None):
 _TRAINED_ON = "trained_on.json"
 
 
-def _changed_files(record, data_files):
-    """The paths of `data_files` (`{path: [size, mtime_ns]}`) whose content is not what
-    `record` (`{path: {"stat": ..., "digest": ...}}`) says, or that came or went."""
-    changed = sorted(set(record) ^ set(data_files))
-    for path in sorted(set(record) & set(data_files)):
-        if list(data_files[path]) != record[path].get("stat"):
-            try:
-                if file_digest(path) != record[path].get("digest"):
-                    changed.append(path)
-            except OSError:
-                changed.append(path)
-    return changed
+def _files_record(data_files):
+    """`{path: {"stat": [size, mtime_ns], "digest": ...}}` of `data_files`' paths, each
+    stat taken just before its digest (a file written meanwhile is seen as changed)."""
+    record = {}
+    for path in data_files:
+        status = os.stat(path)
+        record[path] = {"stat": [status.st_size, status.st_mtime_ns],
+                        "digest": file_digest(path)}
+    return record
+
+
+def _vocabulary_is_current(record_path, data_files):
+    """Whether the vocabulary beside `record_path` was made from `data_files`' content, and
+    a message saying why not. Files only touched (the same bytes) are current; their new
+    times are written to the record, so they are not hashed again."""
+    if not record_path.is_file():
+        return False, ("the training files it was trained on is not recorded (a start "
+                       "stopped before the record, or a run of an earlier version)")
+    try:
+        record = json.loads(record_path.read_text())
+        if not isinstance(record, dict) or not all(
+                isinstance(entry, dict) for entry in record.values()):
+            raise ValueError("not a record of files")
+    except ValueError as error:
+        return False, f"{record_path} cannot be read ({error})"
+    gone = sorted(set(record) ^ set(data_files))
+    if gone:
+        return False, f"{gone[0]} is not among the files it was trained on, or was removed"
+    touched = False
+    for path, stat in sorted(data_files.items()):
+        if list(stat) == record[path].get("stat"):
+            continue
+        try:
+            if file_digest(path) != record[path].get("digest"):
+                return False, f"{path} changed since it was trained on it"
+        except OSError as error:
+            return False, f"{path} cannot be read ({error})"
+        record[path]["stat"], touched = list(stat), True
+    if touched:
+        write_json_atomically(record_path, record)
+    return True, ""
+
+
+def vocabulary_digests(source_tokenizer, target_tokenizer):
+    """The digests of the tokenizers' `.model` files (one when shared)."""
+    return sorted({file_digest(tokenizer.model_path)
+                   for tokenizer in (source_tokenizer, target_tokenizer)})
 
 
 def prepare_tokenizers(config, train_split, output_dir, data_files=None):
@@ -134,28 +169,25 @@ def prepare_tokenizers(config, train_split, output_dir, data_files=None):
     it; once one was, the model's ids are that vocabulary's pieces, and the run is refused
     with a `ValueError` naming the file.
 
-    With `data_files`, `{path: [size, mtime_ns]}` of the local files the train split reads
-    (`data_file_stats`), the vocabulary is trained again, and that said, when one of them
-    has other content than the vocabulary was trained on and no epoch was trained with it:
-    a first start stopped after its vocabulary, then the user replaced the files. (Once an
-    epoch was, the data report refuses the changed files: `prepare_data_report`.)
+    `data_files`, `{path: [size, mtime_ns]}` of the local files the train split reads
+    (`data_file_stats`), are recorded beside the vocabulary (`tokenizer/trained_on.json`).
+    While no epoch was trained, a vocabulary whose files have other content now (a first
+    start stopped after its vocabulary, then the user replaced the files), or whose record
+    is missing or unreadable, is trained again, and the run says why. (Once an epoch was,
+    the data report refuses changed files: `prepare_data_report`.)
     """
     output_dir = pathlib.Path(output_dir)
     directory = output_dir / "tokenizer"
     try:
         tokenizers = load_tokenizers(directory)
-        record_path = directory / _TRAINED_ON
-        changed = []
-        if data_files is not None and record_path.is_file() and not _trained_files(output_dir):
-            try:
-                changed = _changed_files(json.loads(record_path.read_text()), data_files)
-            except (ValueError, AttributeError):  # unreadable: trained on unknown files
-                changed = sorted(data_files)
-        if not changed:
+        current, why = True, ""
+        if data_files and not _trained_files(output_dir):
+            current, why = _vocabulary_is_current(directory / _TRAINED_ON, data_files)
+        if current:
             logger.info("Reusing the tokenizer in %s", directory)
             return tokenizers
-        print(f"{changed[0]} changed since the vocabulary was trained on it, and no epoch "
-              "was trained with it: the vocabulary is trained again.", flush=True)
+        print(f"The vocabulary in {directory} is trained again: {why}, and no epoch was "
+              "trained with it.", flush=True)
     except FileNotFoundError:
         pass
     except (RuntimeError, ValueError) as error:
@@ -174,6 +206,8 @@ def prepare_tokenizers(config, train_split, output_dir, data_files=None):
         print(f"{files} cannot be read ({error}); no epoch was trained with it: the "
               "vocabulary is trained again.", flush=True)
     started = time.time()
+    # Taken before training: a file written meanwhile is seen as changed next time.
+    record = _files_record(data_files) if data_files else None
     source_lang, target_lang = run_languages(config)
     # One pass over the training data, then SentencePiece: minutes on a large corpus.
     print(f"Training a {config.vocab_size}-piece vocabulary on a sample of at most "
@@ -191,10 +225,8 @@ def prepare_tokenizers(config, train_split, output_dir, data_files=None):
         normalization_rule_name=config.normalization,
         character_coverage=config.character_coverage,
     )
-    if data_files is not None:
-        write_json_atomically(directory / _TRAINED_ON, {
-            path: {"stat": list(stat), "digest": file_digest(path)}
-            for path, stat in data_files.items()})
+    if data_files:
+        write_json_atomically(directory / _TRAINED_ON, record)
     print(f"Trained a {config.vocab_size}-piece {'shared' if config.shared_vocabulary else 'separate'}"
           f" SentencePiece vocabulary in {time.time() - started:.1f}s -> {directory}", flush=True)
     return tokenizers
@@ -539,7 +571,7 @@ class RunFinishedElsewhere(Exception):
 
 
 def agree_with_workers(strategy, config, data_report, initial_epoch, write_dir,
-                       restartable=True, failure=None, finished=False):
+                       restartable=True, failure=None, finished=False, vocabulary=()):
     """The epoch every worker resumes after; refuses workers that would train apart.
 
     Every worker of a cluster runs this at the same point (a collective op), with its own
@@ -559,6 +591,8 @@ def agree_with_workers(strategy, config, data_report, initial_epoch, write_dir,
         finished: bool, this worker holds the run finished (nothing to train): it takes
             part, and the workers that do not (their disk holds nothing of the run) stop
             with `RunFinishedElsewhere` rather than wait for it in a collective.
+        vocabulary: the digests of this worker's vocabulary files (`vocabulary_digests`):
+            workers that trained or kept other vocabularies are refused as other data.
 
     Returns:
         int, the epoch to resume after (`initial_epoch` outside a cluster).
@@ -585,7 +619,7 @@ def agree_with_workers(strategy, config, data_report, initial_epoch, write_dir,
         # none; the cut pairs are in `kept` either way).
         data = [{split: {k: v for k, v in counts.items() if k not in ("origin", "truncated")}
                  for split, counts in data_report.splits.items()},
-                data_report.batches, sorted(data_report.digests.values())]
+                data_report.batches, sorted(data_report.digests.values()), sorted(vocabulary)]
         epochs = backup_epochs(read_backup_metadata(pathlib.Path(write_dir) / "backup"))
         epochs = epochs or [initial_epoch]
         row = [0, _short_hash(settings), _short_hash(data), int(restartable)] + (
@@ -614,7 +648,8 @@ def agree_with_workers(strategy, config, data_report, initial_epoch, write_dir,
                           "it computes it natively): on machines that differ, set the "
                           "precision (--mixed-precision)")
     for column, what in ((0, f"settings ({same_settings})"),
-                         (1, "data (the same files, with the same content)")):
+                         (1, "data (the same files, with the same content, and the same "
+                             "vocabulary)")):
         differ = [w for w, row in zip(workers, rows) if row[column] != rows[0][column]]
         if differ:
             raise ValueError(f"{', '.join(differ)} train with other {what} than worker 0; "
@@ -982,8 +1017,10 @@ def _train(config, output_dir, write_dir, strategy, data_dir, local_dir, make_tr
         agree_with_workers(strategy, config, None, initial_epoch, write_dir, finished=True)
         return _load_finished_run(config, output_dir, continue_from, previous)
     try:
-        agreed_epoch = agree_with_workers(strategy, config, data_report, initial_epoch,
-                                          write_dir, restartable=continue_from is None)
+        agreed_epoch = agree_with_workers(
+            strategy, config, data_report, initial_epoch, write_dir,
+            restartable=continue_from is None,
+            vocabulary=vocabulary_digests(source_tokenizer, target_tokenizer))
     except RunFinishedElsewhere as elsewhere:
         print(f"{elsewhere}: nothing to train on this worker.", flush=True)
         if not chief:

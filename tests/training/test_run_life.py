@@ -612,3 +612,36 @@ def test_the_epoch_a_cooldown_plan_ends_the_run_after_is_foreseen():
     plain = config.replace(lr_cooldown=0.0, time_budget_minutes=35.0)
     assert budget_ends_after(plain, Timed([600.0, 660.0], 630.0), epoch=2)  # 31.5 + 11 > 35
     assert not budget_ends_after(plain, Timed([600.0], 660.0), epoch=1)
+
+
+def test_a_vocabulary_without_its_record_of_training_files_is_trained_again(tmp_path, capsys):
+    # A kill between the vocabulary and `trained_on.json` (or a run directory started by
+    # an earlier version) left no record, and the check of changed files was off for good.
+    from keras_transformer.data.preparation import data_file_stats
+
+    lines = [f"sentence number {i} with some words" for i in range(300)]
+    path = tmp_path / "train.en"
+    path.write_text("\n".join(lines) + "\n")
+    spec = {"data_files": {"train": [str(path), str(path)]}}
+    pairs = [{"en": line, "de": line} for line in lines]
+    config = get_preset("tiny").replace(source_lang="en", target_lang="de", vocab_size=290)
+    run = tmp_path / "run"
+    prepare_tokenizers(config, pairs, run, data_files=data_file_stats(spec, ("train",)))
+    record = run / "tokenizer" / "trained_on.json"
+    assert json.loads(record.read_text())[str(path)]["stat"][0] == path.stat().st_size
+    capsys.readouterr()
+
+    record.unlink()
+    prepare_tokenizers(config, pairs, run, data_files=data_file_stats(spec, ("train",)))
+    assert "trained on is not recorded" in capsys.readouterr().out and record.is_file()
+
+    # Only touched: kept, and the record takes the new time (not hashed again next time).
+    os.utime(path, ns=(10**18, 10**18))
+    prepare_tokenizers(config, pairs, run, data_files=data_file_stats(spec, ("train",)))
+    assert "trained again" not in capsys.readouterr().out
+    assert json.loads(record.read_text())[str(path)]["stat"][1] == 10**18
+
+    record.write_text("[1, 2]")  # not a record
+    prepare_tokenizers(config, pairs, run, data_files=data_file_stats(spec, ("train",)))
+    assert "cannot be read" in capsys.readouterr().out
+    assert isinstance(json.loads(record.read_text()), dict)

@@ -41,11 +41,12 @@ def cluster(monkeypatch):
             if other == "failed":  # a worker that stopped before the agreement
                 rows.append([1, 0, 0, 0, -1, -1])
                 continue
-            config, report, directory = other
+            config, report, directory, *vocabulary = other
             captured = {}
             monkeypatch.setattr(trainer, "gather_from_workers",
                                 lambda s, v: captured.setdefault("row", list(v)) and [v])
-            trainer.agree_with_workers(None, config, report, 0, directory)
+            trainer.agree_with_workers(None, config, report, 0, directory,
+                                       vocabulary=vocabulary[0] if vocabulary else ())
             rows.append(captured["row"])
             monkeypatch.setattr(trainer, "gather_from_workers", gather)
         return rows
@@ -72,6 +73,19 @@ def test_workers_with_other_settings_or_data_are_refused(cluster, tmp_path):
     recounted.splits["train"]["truncated"] = 0
     cluster[:] = [(CONFIG, recounted, tmp_path)]
     assert trainer.agree_with_workers(None, CONFIG, _report(), 0, tmp_path) == 0
+
+
+def test_workers_with_other_vocabularies_are_refused(cluster, tmp_path):
+    # Each worker trains its own vocabulary (its own tokenizer/ directory); one that kept
+    # an old one (say, trained again on changed files where another did not) trained
+    # other token ids in lockstep with the same counts.
+    cluster.append((CONFIG, _report(), tmp_path, ["old-vocabulary"]))
+    with pytest.raises(ValueError, match="worker 1 train with other data.*vocabulary"):
+        trainer.agree_with_workers(None, CONFIG, _report(), 0, tmp_path,
+                                   vocabulary=["new-vocabulary"])
+    cluster[:] = [(CONFIG, _report(), tmp_path, ["new-vocabulary"])]
+    assert trainer.agree_with_workers(None, CONFIG, _report(), 0, tmp_path,
+                                      vocabulary=["new-vocabulary"]) == 0
 
 
 def test_workers_whose_auto_precision_differs_are_refused(cluster, tmp_path, monkeypatch):
