@@ -167,6 +167,33 @@ def check_not_utf16(raw, where, error=ValueError):
             "UTF-8. Convert it (e.g. `iconv -f utf-16 -t utf-8`).")
 
 
+# Bytes of a file's start that `check_line_endings` judges (`line_endings_sample`).
+LINE_ENDINGS_SAMPLE = 1 << 16
+
+
+def check_line_endings(raw, where, error=ValueError):
+    """Raises `error` naming `where` (a file, or file:line) when `raw`, a file's first bytes
+    or its first line, has its lines ended by a carriage return alone (classic Mac OS, Excel
+    for Mac): two or more `\\r` not followed by `\\n`, more than the `\\n` there. Only `\\n`
+    ends a line here, so such a file reads as one line. One `\\r` inside a sentence, or a
+    few among more line ends, is only a character."""
+    bare = raw.count(b"\r") - raw.count(b"\r\n")
+    if bare >= 2 and bare > raw.count(b"\n"):
+        name = where.rsplit(":", 1)[0] if re.search(r":\d+$", where) else where
+        convert = (f"gzip -dc {name} | tr '\\r' '\\n' | gzip > FIXED.gz"
+                   if name.endswith(".gz") else f"tr '\\r' '\\n' < {name} > FIXED")
+        raise error(
+            f"{where}: its lines end in a carriage return alone (\\r, as classic Mac OS and "
+            "Excel for Mac write them), so it reads as one line (only \\n ends a line). "
+            f"Convert it: {convert}")
+
+
+def line_endings_sample(path, error=ValueError):
+    """The first `LINE_ENDINGS_SAMPLE` bytes of a plain or `.gz` file."""
+    with open_binary(path, error) as file:
+        return file.read(LINE_ENDINGS_SAMPLE)
+
+
 @contextlib.contextmanager
 def open_binary(path, error=ValueError):
     """Opens a plain or `.gz` file for reading bytes (a context manager).

@@ -96,3 +96,23 @@ def test_the_advice_on_a_file_not_in_utf8_does_not_assume_latin1():
     assert "train.ru:1: invalid UTF-8" in message
     assert "latin1" not in message
     assert "file -i" in message and "iconv -f ENCODING -t utf-8" in message
+
+
+@pytest.mark.parametrize("data, refused", [
+    (b"un\rdeux\rtrois\r", True),  # classic Mac OS: the whole file is one line
+    (b"un\rdeux\rtrois\n", True),
+    (b"un\rdeux\rtrois", True),
+    (b"un\r\ndeux\r\n", False),  # Windows
+    (b"un\ndeux\n", False),
+    (b"un\rdeux\n", False),  # one carriage return inside a sentence is only a character
+    (b"un\rdeux", False),
+    (b"un\rdeux\nfoo\rbar\nx\ry\n", False),  # a few, among more line ends
+])
+def test_carriage_return_line_endings_are_refused_with_how_to_convert(data, refused):
+    if refused:
+        with pytest.raises(ValueError, match=r"a.txt.*carriage return.*tr '\\r' '\\n'"):
+            textfiles.check_line_endings(data, "a.txt")
+        with pytest.raises(ValueError, match=r"gzip -dc a.txt.gz \| tr"):
+            textfiles.check_line_endings(data, "a.txt.gz")
+    else:
+        textfiles.check_line_endings(data, "a.txt")

@@ -122,13 +122,10 @@ def iter_lines(path, report=None):
     """
     with open_binary(path, DataError) as f:
         for number, raw in enumerate(f, start=1):
+            if number == 1:
+                textfiles.check_line_endings(raw, os.fspath(path), DataError)
             if raw.endswith(b"\n"):
                 raw = raw[:-1]
-            elif number == 1 and b"\r" in raw.rstrip(b"\r"):
-                raise DataError(
-                    f"{os.fspath(path)}: its lines end in a carriage return alone (\\r, as old "
-                    "Mac OS and Excel for Mac write them), so the whole file reads as one line "
-                    "(only \\n ends a line). Convert it: tr '\\r' '\\n' < FILE > FIXED")
             if raw.endswith(b"\r"):
                 raw = raw[:-1]
                 if report is not None:
@@ -198,6 +195,9 @@ def check_parallel_files(source_path, target_path):
     Returns:
         int, the common number of lines.
     """
+    for path in (source_path, target_path):  # the cause of counts that differ, if so
+        textfiles.check_line_endings(textfiles.line_endings_sample(path, DataError),
+                                     os.fspath(path), DataError)
     counts = {path: count_lines(path, DataError) for path in (source_path, target_path)}
     for path, count in counts.items():
         if count == 0:

@@ -20,6 +20,7 @@ import tensorflow_text  # noqa: F401  (registers the SentencePiece ops of the ex
 from keras_transformer.export.saved_model import latest_version_dir
 from keras_transformer.textfiles import (
     UTF8_BOM,
+    check_line_endings,
     check_not_utf16,
     count_lines,
     decode_utf8,
@@ -319,6 +320,7 @@ def _decoded_lines(stream, name, strict=False, on_replaced=None):
         where = f"{name}:{number + 1}"
         if not checked and line.rstrip(b"\r\n"):
             check_not_utf16(line, where)
+            check_line_endings(line, name)
             checked = True
         if number == 0 and line.startswith(UTF8_BOM):  # a Windows editor's byte order mark
             line = line[len(UTF8_BOM):]

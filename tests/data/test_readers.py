@@ -6,6 +6,7 @@ import pytest
 from keras_transformer.data.readers import (
     DataError,
     SplitReport,
+    check_parallel_files,
     count_lines,
     read_parallel_files,
     read_tsv,
@@ -115,6 +116,13 @@ def test_a_file_whose_lines_end_in_a_carriage_return_alone_is_refused(tmp_path):
     target = write_bytes(tmp_path / "a.en", b"one\rtwo\rthree\r")
     with pytest.raises(DataError, match=rf"{source}.*carriage return.*tr '\\r' '\\n'"):
         _read(source, target)
+    # One side only: the line counts differ, but the line endings are the cause to name.
+    lf_target = write_bytes(tmp_path / "lf.en", b"one\ntwo\nthree\n")
+    with pytest.raises(DataError, match=rf"{source}.*carriage return"):
+        check_parallel_files(source, lf_target)
+    with pytest.raises(DataError, match=r"carriage return"):
+        list(read_tsv(write_bytes(tmp_path / "t.tsv.gz", b"un\tone\rdeux\ttwo\rx\ty\r"),
+                      SplitReport()))
     # A carriage return inside one sentence of an ordinary file is only a character.
     source = write_bytes(tmp_path / "b.fr", b"un\rdeux\ntrois\n")
     target = write_bytes(tmp_path / "b.en", b"one\ntwo\n")

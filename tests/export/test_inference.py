@@ -53,6 +53,15 @@ def test_read_lines_refuses_utf16_even_where_bad_bytes_are_replaced(tmp_path):
             read_lines(path)
 
 
+def test_read_lines_refuses_carriage_return_line_endings(tmp_path):
+    # `translate --input` and `evaluate --src/--ref` of classic Mac OS text translated
+    # (and scored) the whole file as one sentence, with no word.
+    path = tmp_path / "doc.txt"
+    path.write_bytes(b"A dog.\rTwo men.\rA cat.\r")
+    with pytest.raises(ValueError, match=r"doc\.txt.*carriage return"):
+        read_lines(path)
+
+
 def test_a_line_with_nul_bytes_is_read_not_taken_for_utf16(tmp_path):
     # A stray NUL in a short UTF-8 line ("ab\x00c": a quarter of its bytes) counted as UTF-16
     # and stopped `translate` (and `evaluate`) in the middle of the file. UTF-16 shows from
