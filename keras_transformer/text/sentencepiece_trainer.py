@@ -161,6 +161,11 @@ def train_sentencepiece(
                 "commoner characters pieces of their own and spell the rarest in UTF-8 "
                 f"bytes ({fewer})."
             ) from None
+        no_text = "sentences_.empty()" in str(error) or "all_chars_count" in str(error)
+        if no_text and not counts["long"]:
+            raise ValueError(
+                f"The vocabulary's training text has no text: {counts['sentences']:,} "
+                "sentence(s), all empty.") from None
         if "sentences_.empty()" in str(error):
             raise ValueError(
                 f"No training sentence is {max_sentence_length} bytes or shorter: "

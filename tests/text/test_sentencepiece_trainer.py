@@ -68,6 +68,11 @@ def test_a_corpus_of_lines_all_longer_than_the_limit_is_a_clear_error(tmp_path):
     with pytest.raises(ValueError, match=r"(?s)longer than 4192 bytes.*split"):
         train_sentencepiece(long_lines, tmp_path / "x.model", vocab_size=300)
     assert not (tmp_path / "x.model").exists()
+    # An empty corpus is not one of long lines.
+    for empty in ([], ["", "  "]):
+        with pytest.raises(ValueError, match=r"no text") as error:
+            train_sentencepiece(empty, tmp_path / "x.model", vocab_size=300)
+        assert "4192" not in str(error.value)
 
 
 def test_sentences_left_out_for_their_length_are_counted_in_a_warning(tmp_path):
