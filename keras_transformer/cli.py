@@ -10,6 +10,7 @@ import os
 import pathlib
 import re
 import shlex
+import signal
 import shutil
 import stat
 import sys
@@ -519,9 +520,15 @@ def _is_standard_input(path):
         return False
 
 
+def _exit_on(signum, frame):
+    raise SystemExit(128 + signum)  # as a shell reports a process the signal ended
+
+
 def cmd_translate(args):
     from keras_transformer.export.inference import ExportedTranslator, count_lines, iter_lines
 
+    if args.output == "-":  # as `--input -` is the standard input
+        args.output = None
     if args.output and os.path.exists(args.output):
         if args.input != "-" and os.path.samefile(args.input, args.output):
             raise SystemExit(f"--output {args.output} is the --input file: translating it "
@@ -536,9 +543,18 @@ def cmd_translate(args):
     translator = ExportedTranslator(args.export, signature=args.signature)
     progress = _progress_bar(args, total)
     if args.output:
-        from keras_transformer.textfiles import open_text_output
+        from keras_transformer.textfiles import open_text_output, partial_path
 
-        out = open_text_output(args.output)  # compressed for a .gz name, as inputs are read
+        # Written beside it, then renamed over it: an existing --output stays as it was
+        # until the whole translation is there (an input refused at its first line, a kill).
+        partial = partial_path(args.output)
+        out = open_text_output(partial)  # compressed for a .gz name, as inputs are read
+        # `kill`, `timeout` and schedulers send SIGTERM, a closed terminal SIGHUP: end as
+        # Ctrl-C does (the output closed whole, and a word on what it holds).
+        handlers = {}
+        for signum in (signal.SIGTERM, signal.SIGHUP):
+            with contextlib.suppress(ValueError):  # not the main thread
+                handlers[signum] = signal.signal(signum, _exit_on)
     else:
         out = sys.stdout
         if hasattr(out, "reconfigure"):
@@ -577,16 +593,29 @@ def cmd_translate(args):
             if result["unfinished"]:
                 unfinished.append(lines)
     except BaseException:
-        if args.output:  # a whole file of fewer lines: say so, it does not
-            of = f" of {total}" if total is not None else ""
-            print(f"\n{args.output} holds the translations of the first {lines}{of} lines "
-                  "only.", file=sys.stderr, flush=True)
+        if args.output:
+            out.close()
+            if lines:  # kept beside the output, named, for the rest to be translated
+                kept = f"{args.output}.partial"
+                os.replace(partial, kept)
+                of = f" of {total}" if total is not None else ""
+                print(f"\n{kept} holds the translations of the first {lines}{of} lines "
+                      f"only; {args.output} is left as it was (it is written once the "
+                      "translation is whole).", file=sys.stderr, flush=True)
+            else:
+                os.remove(partial)
         raise
+    else:
+        if args.output:
+            out.close()
+            os.replace(partial, args.output)
     finally:
         if progress:
             progress.close()
         if args.output:
-            out.close()
+            out.close()  # (closed already: a no-op)
+            for signum, handler in handlers.items():
+                signal.signal(signum, handler)
     _report_cut_lines(translator.path, cut, lines, unfinished)  # the version translating
     if not_utf8["count"]:
         print(f"{not_utf8['count']} of {lines} input lines held bytes that are not UTF-8, "
@@ -951,7 +980,7 @@ def build_parser():
     translate.add_argument("--export", required=True, help="SavedModel version dir or base dir")
     translate.add_argument("--input", default="-", help="file of sentences (default stdin)")
     translate.add_argument("--output", help="file for translations, gzip-compressed when it "
-                           "ends in .gz (default stdout)")
+                           "ends in .gz, written once whole (default, or -: stdout)")
     translate.add_argument("--signature", default="translate")
     translate.add_argument("--batch-size", type=_count, default=64)
     translate.add_argument("--progress", action=argparse.BooleanOptionalAction,

@@ -303,9 +303,11 @@ def test_export_computes_in_float32_whatever_the_run_trained_in(copy_task, tmp_p
 
 class _Upper:
     """A stand-in export: the "translation" is the line in capitals; `fail_after` lines
-    translated, the next one raises `KeyboardInterrupt` (Ctrl-C)."""
+    translated, the next one raises `KeyboardInterrupt` (Ctrl-C), or with `signal` set the
+    process gets that signal (`kill`, `timeout`, a scheduler's SIGTERM)."""
 
     fail_after = None
+    signal = None
 
     def __init__(self, export, signature=None):
         self.path = export  # the version a real one loads
@@ -313,7 +315,9 @@ class _Upper:
     def translate_stream(self, lines, batch_size=32, on_batch=None):
         for number, line in enumerate(lines):
             if number == self.fail_after:
-                raise KeyboardInterrupt
+                if self.signal is None:
+                    raise KeyboardInterrupt
+                os.kill(os.getpid(), self.signal)
             yield {"translation": line.upper(), "truncated": False, "unfinished": False}
 
 
@@ -366,22 +370,66 @@ def test_translate_reads_a_pipe_given_as_its_input_once(tmp_path, monkeypatch):
     assert output.read_text(encoding="utf-8") == "A DOG\nA CAT\nTWO MEN\n"
 
 
-def test_an_interrupted_translate_says_how_much_of_its_output_is_written(
-        tmp_path, monkeypatch, capsys):
-    # Ctrl-C left a well-formed --output (a .gz one passes `gzip -t`) holding the first lines
-    # only, and said no more than "Interrupted."
+@pytest.mark.parametrize("how", ["ctrl_c", "sigterm", "sighup"])
+@pytest.mark.parametrize("name", ["out.txt", "out.txt.gz"])
+def test_an_interrupted_translate_leaves_its_output_as_it_was_and_its_lines_beside_it(
+        tmp_path, monkeypatch, capsys, how, name):
+    # Ctrl-C left --output holding the first lines only under its final name; SIGTERM
+    # (`timeout`, `kill`, a scheduler) or SIGHUP did too, without a word, and a .gz one
+    # was cut mid-stream. An existing --output was emptied first.
+    import gzip
+    import signal
+
     from keras_transformer.export import inference
 
     monkeypatch.setattr(inference, "ExportedTranslator", _Upper)
     monkeypatch.setattr(_Upper, "fail_after", 2)
-    source, output = tmp_path / "in.txt", tmp_path / "out.txt"
+    monkeypatch.setattr(_Upper, "signal", {"ctrl_c": None, "sigterm": signal.SIGTERM,
+                                           "sighup": signal.SIGHUP}[how])
+    source, output = tmp_path / "in.txt", tmp_path / name
     source.write_text("a dog\na cat\ntwo men\n", encoding="utf-8")
-    with pytest.raises(SystemExit):
+    output.write_bytes(b"earlier translations\n")
+    with pytest.raises((SystemExit, KeyboardInterrupt)):
         cli.main(["translate", "--export", "e", "--input", str(source), "--output",
                   str(output)])
     error = capsys.readouterr().err
-    assert f"{output} holds the translations of the first 2 of 3 lines" in error, error
-    assert output.read_text(encoding="utf-8") == "A DOG\nA CAT\n"
+    partial = tmp_path / (name + ".partial")
+    assert f"{partial} holds the translations of the first 2 of 3 lines" in error, error
+    assert f"{output} is left as it was" in error
+    assert output.read_bytes() == b"earlier translations\n"
+    read = gzip.open if name.endswith(".gz") else open
+    with read(partial, "rt", encoding="utf-8") as stream:
+        assert stream.read() == "A DOG\nA CAT\n"
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # given back
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["in.txt", name, partial.name])
+
+
+def test_a_translate_refused_at_its_first_line_leaves_an_existing_output(tmp_path, monkeypatch):
+    # A UTF-16 --input (refused when its first line is read) emptied the --output file,
+    # which had been opened, and truncated, first.
+    from keras_transformer.export import inference
+
+    monkeypatch.setattr(inference, "ExportedTranslator", _Upper)
+    source, output = tmp_path / "in.txt", tmp_path / "out.txt"
+    source.write_bytes("a dog\n".encode("utf-16"))
+    output.write_text("earlier translations\n", encoding="utf-8")
+    with pytest.raises(SystemExit, match="UTF-16"):
+        cli.main(["translate", "--export", "e", "--input", str(source), "--output",
+                  str(output)])
+    assert output.read_text(encoding="utf-8") == "earlier translations\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.txt", "out.txt"]
+
+
+def test_translate_output_dash_is_the_standard_output(tmp_path, monkeypatch, capsys):
+    # `--output -` (as `--input -` reads stdin) wrote a file named "-".
+    from keras_transformer.export import inference
+
+    monkeypatch.setattr(inference, "ExportedTranslator", _Upper)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "in.txt").write_text("a dog\n", encoding="utf-8")
+    cli.main(["translate", "--export", "e", "--input", "in.txt", "--output", "-"])
+    assert capsys.readouterr().out == "A DOG\n"
+    assert not (tmp_path / "-").exists()
 
 
 class _LineBreaks(_Upper):
