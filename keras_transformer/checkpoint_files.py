@@ -135,9 +135,10 @@ def check_average_is_current(path):
     epoch again), or when an averaged checkpoint is gone while an earlier epoch's is still
     there (a resumed run dropped the epochs past its backup). Averaged checkpoints deleted
     oldest first (the run's own pruning) or all of them are not a reason: the average holds
-    their weights. Without a record (averages written before it existed), the average is
-    refused when an epoch checkpoint is newer than it by file time, which a copy that does
-    not keep file times can also cause.
+    their weights. An average of epochs that are not consecutive (written before `average`
+    refused them) is refused too. Without a record (averages written before it existed),
+    the average is refused when an epoch checkpoint is newer than it by file time, which a
+    copy that does not keep file times can also cause.
 
     Args:
         path: path-like, an averaged model in a run's `checkpoints/` directory.

@@ -118,7 +118,7 @@ def iter_lines(path, report=None):
 
     Raises:
         DataError: on invalid UTF-8 or UTF-16, with the file, line number and byte offset;
-            on a damaged `.gz` file.
+            on a damaged `.gz` file; on carriage-return line endings.
     """
     with open_binary(path, DataError) as f:
         for number, raw in enumerate(f, start=1):

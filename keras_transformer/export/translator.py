@@ -352,8 +352,10 @@ class Translator(tf.Module):
     assets directly and lets us declare several signatures with no Keras wrapper between
     them and `tf.saved_model.save`.
 
-    Inputs that must not break it: an empty batch returns empty outputs; an empty or
-    whitespace-only sentence translates to `""` (score 0, length 0); sentences longer than
+    Inputs that must not break it: an empty batch returns empty outputs; a sentence is
+    stripped of leading and trailing whitespace first, as training strips its sentences
+    (`strip_whitespace`); an empty or whitespace-only sentence translates to `""` (score
+    0, length 0); sentences longer than
     `config.max_input_length` tokens are truncated; invalid UTF-8 bytes are replaced by
     U+FFFD before tokenization; output length is bounded by `min(source length +
     extra_length, max_output_length)`.

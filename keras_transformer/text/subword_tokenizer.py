@@ -26,7 +26,8 @@ def strip_whitespace(text):
     """`text` (a string tensor) stripped of leading and trailing whitespace in the graph,
     as Python's `str.strip()` strips training sentences (`data.readers.keep_pair`).
 
-    Under `nmt_nfkc` the tokenizer's rule strips them anyway; under `nfkc` or `identity`
+    Under `nmt_nfkc` the tokenizer's rule strips nearly all of them (U+0085 aside); under
+    `nfkc` or `identity`
     a request's `"...\\n"` or a leading ideographic space would otherwise be tokenized
     into pieces training never saw. Bytes that are not UTF-8 are kept as they are.
     """

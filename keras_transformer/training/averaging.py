@@ -90,6 +90,22 @@ def averaging_base(run_dir):
     return architecture
 
 
+def _own_models(run_dir):
+    """The models training writes in `run_dir` (final, best and last)."""
+    run_dir = pathlib.Path(run_dir)
+    return [run_dir / "model.keras", run_dir / "checkpoints" / "best.keras",
+            run_dir / "checkpoints" / "last.keras"]
+
+
+def _is_a_runs_own_model(path):
+    """Whether `path` is one of the models training writes in a run directory (one holding
+    `config.json`), this run's or another's."""
+    path = pathlib.Path(path).resolve()
+    run_dir = path.parent.parent if path.parent.name == "checkpoints" else path.parent
+    return (run_dir / "config.json").is_file() and path in [
+        p.resolve() for p in _own_models(run_dir)]
+
+
 def average_run(run_dir, last=5, output=None):
     """Writes the average of a run's last `last` epoch checkpoints as a `.keras` model.
 
@@ -107,8 +123,10 @@ def average_run(run_dir, last=5, output=None):
     Raises:
         FileNotFoundError: when `run_dir` is not a directory, the run has neither a final
             model nor a last checkpoint, or no epoch checkpoints.
-        ValueError: when `last` is not positive, or `output` is not a `.keras` file in an
-            existing directory.
+        ValueError: when `last` is not positive, `output` is not a `.keras` file in an
+            existing directory or is one of a run's own models (final, best, last), the
+            last `last` epoch checkpoints are not consecutive epochs, or the run trained
+            past its newest checkpoint.
 
     Example:
 
@@ -135,11 +153,10 @@ def average_run(run_dir, last=5, output=None):
                              f".keras, not {str(output)!r}.")
         if not output.parent.is_dir():
             raise ValueError(f"The directory of {str(output)!r} does not exist.")
-        own = [run_dir / "model.keras", run_dir / "checkpoints" / "best.keras",
-               run_dir / "checkpoints" / "last.keras"]
-        if any(output.resolve() == path.resolve() for path in own):
+        if _is_a_runs_own_model(output) or any(
+                output.resolve() == path.resolve() for path in _own_models(run_dir)):
             raise ValueError(
-                f"{str(output)!r} is one of the run's own models (its final, best or last): "
+                f"{str(output)!r} is one of a run's own models (its final, best or last): "
                 "an average written there would replace it and its record, and a "
                 "continuation of the run would restart its optimizer. Give another path "
                 "(without --out: the run's checkpoints/averaged.keras).")

@@ -365,6 +365,18 @@ def test_an_average_never_overwrites_the_runs_own_models(run_dir, name):
     if not keras_file:
         _tiny_model().save(target)
     before = target.read_bytes()
-    with pytest.raises(ValueError, match=r"the run's own"):
+    with pytest.raises(ValueError, match=r"a run's own"):
         average_run(run_dir, last=2, output=target)
     assert target.read_bytes() == before
+
+
+
+def test_an_average_never_overwrites_another_runs_models(run_dir, tmp_path):
+    other = tmp_path / "other_run"
+    (other / "checkpoints").mkdir(parents=True)
+    (other / "config.json").write_text("{}")
+    for name in ("model.keras", "checkpoints/best.keras", "checkpoints/last.keras"):
+        with pytest.raises(ValueError, match=r"a run's own"):
+            average_run(run_dir, last=2, output=other / name)
+    path, _ = average_run(run_dir, last=2, output=other / "averaged_elsewhere.keras")
+    assert path.is_file()
