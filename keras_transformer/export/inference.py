@@ -385,7 +385,8 @@ class ProgressBar:
             return
         percent = 100.0 * self.done / self.total if self.total else 100.0
         remaining = (self.total - self.done) / rate if rate > 0 else 0.0
-        eta = time.strftime("%H:%M:%S", time.gmtime(remaining))
+        minutes, seconds = divmod(int(remaining), 60)
+        eta = f"{minutes // 60:02d}:{minutes % 60:02d}:{seconds:02d}"  # hours past 24 too
         width = len(str(self.total))
         self.stream.write(f"\r{self.done:>{width}}/{self.total} {self.unit} {percent:5.1f}%  "
                           f"{rate:7.1f}/s  ETA {eta}")

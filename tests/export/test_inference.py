@@ -210,6 +210,17 @@ def test_progress_bar_counts_to_the_total_and_ends_its_line():
     assert text.rsplit("\r", 1)[1].startswith("10/10 sentences 100.0%")
 
 
+def test_a_progress_bar_counts_its_eta_past_a_day():
+    # 27.75 hours left showed "ETA 03:45:00": the clock format wrapped every 24 hours.
+    from keras_transformer.export.inference import ProgressBar
+
+    stream = io.StringIO()
+    bar = ProgressBar(10_000_000, stream=stream, min_interval=0.0)
+    bar.done = 10_000
+    bar._draw(100.0)  # 100/s: 99,900 s left
+    assert stream.getvalue().endswith("ETA 27:45:00"), stream.getvalue()
+
+
 def test_a_progress_bar_without_a_total_counts_and_ends_its_line():
     # `translate --progress < file` (stdin: no total) showed nothing.
     from keras_transformer.export.inference import ProgressBar
