@@ -525,7 +525,12 @@ def _exit_on(signum, frame):
 
 
 def cmd_translate(args):
-    from keras_transformer.export.inference import ExportedTranslator, count_lines, iter_lines
+    from keras_transformer.export.inference import (
+        IDLE_SECONDS,
+        ExportedTranslator,
+        count_lines,
+        iter_lines,
+    )
 
     if args.output == "-":  # as `--input -` is the standard input
         args.output = None
@@ -571,7 +576,9 @@ def cmd_translate(args):
         # Batches are sorted by length within a read-ahead buffer; lines come out in input
         # order as each buffer finishes.
         for result in translator.translate_stream(
-                iter_lines(args.input, on_replaced=replaced), batch_size=args.batch_size,
+                iter_lines(args.input, on_replaced=replaced,
+                           idle_seconds=IDLE_SECONDS if args.input == "-" else None),
+                batch_size=args.batch_size,
                 on_batch=progress.update if progress else None):
             # One line per input line: a line break the model emitted (SentencePiece's
             # byte pieces <0x0A>, <0x0D>) would move every later line.

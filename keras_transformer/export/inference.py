@@ -6,11 +6,12 @@ SentencePiece ops the graph uses) and calls one of its signatures, exactly what 
 does with the same directory.
 """
 
-import itertools
 import json
 import numbers
 import os
 import pathlib
+import select
+import stat
 import sys
 import time
 
@@ -36,6 +37,13 @@ METADATA_PATH = pathlib.Path("assets.extra") / "translator.json"
 # read buffer, Marian's maxi-batch): long enough to group similar lengths, short enough to
 # stream output soon.
 SORT_BUFFER_BATCHES = 16
+
+
+# An item of `iter_lines("-", idle_seconds=...)`: the standard input paused. In the sentences
+# of `translate_stream` it ends the read-ahead buffer: what was read is translated at once.
+IDLE = object()
+# How long standard input may pause before what it gave is translated (`translate`).
+IDLE_SECONDS = 0.2
 
 
 def check_sentence_list(sentences):
@@ -212,7 +220,9 @@ class ExportedTranslator:
         export with both `--dtype bfloat16` and `--jit`: export/README.md).
 
         Args:
-            sentences: iterable of str or bytes (a file or stdin is read as it goes).
+            sentences: iterable of str or bytes (a file or stdin is read as it goes); an
+                `IDLE` item (`iter_lines("-", idle_seconds=...)`: the input paused) has
+                the sentences read so far translated at once.
             batch_size: int, sentences per signature call. Defaults to `64`.
             sort_buffer_batches: int, batches read ahead and sorted together; `1` translates
                 in input order. Defaults to `SORT_BUFFER_BATCHES`.
@@ -230,11 +240,22 @@ class ExportedTranslator:
                             on_batch)
 
     def _stream(self, iterator, batch_size, buffer_size, on_batch):
-        while True:
-            buffer = [as_bytes(s) for s in itertools.islice(iterator, buffer_size)]
-            if not buffer:
-                return
-            yield from translate_by_length(buffer, batch_size, self._translate_batch, on_batch)
+        ended = False
+        while not ended:
+            buffer = []
+            for sentence in iterator:
+                if sentence is IDLE:  # the input paused: translate what it gave
+                    if buffer:
+                        break
+                    continue
+                buffer.append(as_bytes(sentence))
+                if len(buffer) == buffer_size:
+                    break
+            else:
+                ended = True
+            if buffer:
+                yield from translate_by_length(buffer, batch_size, self._translate_batch,
+                                               on_batch)
 
     def _translate_batch(self, batch):
         """One signature call: list of bytes -> list of result dicts."""
@@ -282,7 +303,7 @@ def read_lines(path_or_dash, strict=False):
     return list(iter_lines(path_or_dash, strict))
 
 
-def iter_lines(path_or_dash, strict=False, on_replaced=None):
+def iter_lines(path_or_dash, strict=False, on_replaced=None, idle_seconds=None):
     """`read_lines` one line at a time, so a long file or a pipe is read as it is translated.
 
     Splitting the bytes at `b"\\n"` before decoding is safe: that byte never occurs inside a
@@ -293,18 +314,58 @@ def iter_lines(path_or_dash, strict=False, on_replaced=None):
         strict: bool, as in `read_lines`. Defaults to `False`.
         on_replaced: callable or None, called with the 1-based number of each line whose
             bytes that are not UTF-8 were replaced (not `strict`). Defaults to `None`.
+        idle_seconds: float or None: standard input that is a terminal or a pipe (not a
+            file) gives `IDLE` once when no input came for this long, so that lines typed
+            or written one at a time can be translated as they come. Defaults to `None`.
 
     Yields:
-        str, each line without its terminator (nor the first line a UTF-8 byte order mark).
+        str, each line without its terminator (nor the first line a UTF-8 byte order mark);
+        or `IDLE`.
 
     Raises:
         ValueError: `strict`, on a line that is not UTF-8.
     """
     if str(path_or_dash) == "-":
-        yield from _decoded_lines(sys.stdin.buffer, "<stdin>", strict, on_replaced)
+        stream = sys.stdin.buffer
+        if idle_seconds is not None:
+            stream = _pausing_lines(stream, idle_seconds)
+        yield from _decoded_lines(stream, "<stdin>", strict, on_replaced)
         return
     with open_binary(path_or_dash) as stream:
         yield from _decoded_lines(stream, os.fspath(path_or_dash), strict, on_replaced)
+
+
+def _pausing_lines(stream, idle_seconds):
+    """The lines (bytes, with their `b"\\n"`) of a binary stream, and `IDLE` once whenever
+    no input came for `idle_seconds`, read from its file descriptor when it is a terminal
+    or a pipe (POSIX); other streams' lines as they are."""
+    try:
+        descriptor = stream.fileno()
+        regular = stat.S_ISREG(os.fstat(descriptor).st_mode)
+    except (AttributeError, OSError, ValueError):
+        descriptor, regular = None, True
+    if regular or os.name != "posix":
+        yield from stream
+        return
+    pending, idle = [], False  # the unfinished line's chunks, joined once
+    while True:
+        if not idle and not select.select([descriptor], [], [], idle_seconds)[0]:
+            idle = True
+            yield IDLE
+            continue
+        chunk = os.read(descriptor, 1 << 16)
+        idle = False
+        if not chunk:
+            break
+        *lines, rest = chunk.split(b"\n")
+        if lines:
+            lines[0] = b"".join(pending + [lines[0]])
+            pending = []
+            for line in lines:
+                yield line + b"\n"
+        pending.append(rest)
+    if any(pending):
+        yield b"".join(pending)
 
 
 def _decoded_lines(stream, name, strict=False, on_replaced=None):
@@ -316,7 +377,12 @@ def _decoded_lines(stream, name, strict=False, on_replaced=None):
     empty (its byte order mark, or NULs beside its letters): a later line's stray NUL bytes
     are UTF-8, read as such, so one odd line does not stop a long translation half-way."""
     checked = False
-    for number, line in enumerate(stream):
+    number = -1
+    for line in stream:
+        if line is IDLE:
+            yield IDLE
+            continue
+        number += 1
         where = f"{name}:{number + 1}"
         if not checked and line.rstrip(b"\r\n"):
             check_not_utf16(line, where)

@@ -386,3 +386,30 @@ def test_evaluating_one_string_or_the_translators_records_is_refused():
         evaluate_translations([{"translation": "the cat"}], ["the cat"])
     with pytest.raises(ValueError, match="normalization must be one of"):
         evaluate_translations(["the cat"], ["the cat"], normalization=None)
+
+
+def test_standard_input_that_pauses_says_so_and_its_lines_are_translated_at_once(monkeypatch):
+    # `translate` with lines typed at the terminal, or written one at a time by a program
+    # waiting for each translation, printed nothing before 1,024 lines or the end of input.
+    import os
+    import threading
+
+    from keras_transformer.export import inference
+
+    read, write = os.pipe()
+    with open(read, "rb", buffering=0) as stream:
+        monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(stream))
+        lines = inference.iter_lines("-", idle_seconds=0.05)
+        os.write(write, b"a dog\nhalf a li")
+        assert next(lines) == "a dog"
+        assert next(lines) is inference.IDLE  # nothing more for 0.05 s
+        threading.Timer(0.2, lambda: (os.write(write, b"ne\n"), os.close(write))).start()
+        assert list(lines) == ["half a line"]
+
+    calls = []
+    translator = object.__new__(inference.ExportedTranslator)
+    translator._translate_batch = lambda batch: calls.append(batch) or [
+        {"translation": b.decode().upper()} for b in batch]
+    results = translator.translate_stream(iter(["a", inference.IDLE, "b", "c"]), batch_size=8)
+    assert next(results)["translation"] == "A" and calls == [[b"a"]]  # before "b" is read
+    assert [r["translation"] for r in results] == ["B", "C"] and calls[1] == [b"b", b"c"]
