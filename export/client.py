@@ -296,7 +296,26 @@ def translate_all(sentences, predict, batch_size=64, sort_buffer_batches=SORT_BU
         yield from results
 
 
+class InputError(ValueError):
+    """Input the client refuses to send (as `keras-transformer translate` refuses it)."""
+
+
+def _check_first_line(line):
+    """Refuses UTF-16 text (a byte order mark, or NULs for a quarter of the bytes: every
+    sentence would be sent garbled) and lines ended by a carriage return alone (classic Mac
+    OS: the whole input would be one sentence)."""
+    nuls = line.count(b"\x00")
+    if line.startswith((b"\xff\xfe", b"\xfe\xff")) or (nuls and nuls * 4 >= len(line)):
+        raise InputError("the input looks like UTF-16, not UTF-8: convert it (e.g. `iconv -f "
+                         "utf-16 -t utf-8`).")
+    if line.count(b"\r") - line.count(b"\r\n") >= 2:  # (a line: no b"\n" in it)
+        raise InputError("the input's lines end in a carriage return alone (classic Mac OS), "
+                         "so it reads as one line: convert it (tr '\\r' '\\n').")
+
+
 def _line_text(line, first):
+    if first:
+        _check_first_line(line)
     if first and line.startswith(b"\xef\xbb\xbf"):  # a byte order mark
         line = line[3:]
     if line.endswith(b"\r"):
@@ -421,7 +440,7 @@ def main(argv=None):
                 cut.append(lines)
             if result.get("unfinished"):
                 unfinished.append(lines)
-    except ServerError as error:
+    except (ServerError, InputError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

@@ -450,3 +450,22 @@ def test_a_translation_holding_line_breaks_is_printed_on_its_one_line(monkeypatc
         for s in batch])
     assert client.main(["a dog", "two men"]) == 0
     assert capsys.readouterr().out == "a dog\u2028\ntwo men\u2028\n"
+
+
+@pytest.mark.parametrize("data, message", [
+    ("A dog.\nTwo men.\n".encode("utf-16"), "UTF-16"),
+    (b"A dog.\rTwo men.\rA cat.\r", "carriage return"),
+])
+def test_stdin_in_utf16_or_with_carriage_return_lines_is_refused(monkeypatch, capsys, data,
+                                                                   message):
+    # UTF-16 was sent as NUL-laced garbage (4 translations for 3 lines), classic Mac OS
+    # text as one sentence, both with status 0; `keras-transformer translate` refuses them.
+    import io
+
+    client = _load_client()
+    sent = []
+    monkeypatch.setattr(client, "predict_rest", lambda batch, **unused: sent.append(batch) or [
+        {"translation": s, "score": -1.0, "length": 1} for s in batch])
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(data)))
+    assert client.main([]) == 1
+    assert message in capsys.readouterr().err and not sent
