@@ -520,6 +520,55 @@ def _is_standard_input(path):
         return False
 
 
+def _output_files(output):
+    """`(target, partial)`: where `translate --output` writes. A new or regular file is
+    written beside it (`partial`) and renamed over it once whole, so it stays as it was
+    until then; a symbolic link's target likewise. Anything else (a device, a FIFO, a file
+    with other hard links) is written in place (`partial` None). A directory is refused."""
+    from keras_transformer.textfiles import partial_path
+
+    target = os.path.realpath(output)
+    if os.path.isdir(target):
+        raise SystemExit(f"--output {output} is a directory: give a file name.")
+    try:
+        status = os.stat(target)
+    except FileNotFoundError:
+        return target, str(partial_path(target))
+    if stat.S_ISREG(status.st_mode) and status.st_nlink == 1:
+        return target, str(partial_path(target))
+    return target, None
+
+
+def _kept_name(path):
+    """Where the lines of a stopped translation are kept: `out.txt.partial`, or
+    `out.txt.partial.gz` (still read as gzip)."""
+    return f"{path[:-3]}.partial.gz" if path.endswith(".gz") else f"{path}.partial"
+
+
+def _after_a_stopped_translation(output, target, partial, lines, total):
+    """Keeps the lines a stopped `translate` wrote (or removes its empty file) and says so."""
+    of = f" of {total}" if total is not None else ""
+    if partial is None:  # written in place
+        if lines:
+            print(f"\n{output} holds the translations of the first {lines}{of} lines only.",
+                  file=sys.stderr, flush=True)
+        return
+    if not os.path.exists(partial):
+        return  # renamed into place: the translation is whole
+    if not lines:
+        with contextlib.suppress(OSError):
+            os.remove(partial)
+        return
+    kept = _kept_name(target)
+    try:
+        os.replace(partial, kept)
+    except OSError:
+        kept = partial
+    print(f"\n{kept} holds the translations of the first {lines}{of} lines only; {output} "
+          "is left as it was (it is written once the translation is whole).",
+          file=sys.stderr, flush=True)
+
+
 def _exit_on(signum, frame):
     raise SystemExit(128 + signum)  # as a shell reports a process the signal ended
 
@@ -547,19 +596,20 @@ def cmd_translate(args):
         total = count_lines(args.input)
     translator = ExportedTranslator(args.export, signature=args.signature)
     progress = _progress_bar(args, total)
+    handlers = {}
     if args.output:
-        from keras_transformer.textfiles import open_text_output, partial_path
+        from keras_transformer import textfiles
 
-        # Written beside it, then renamed over it: an existing --output stays as it was
-        # until the whole translation is there (an input refused at its first line, a kill).
-        partial = partial_path(args.output)
-        out = open_text_output(partial)  # compressed for a .gz name, as inputs are read
+        target, partial = _output_files(args.output)
+        # Compressed for a .gz name, as inputs are read.
+        out = textfiles.open_text_output(partial or target)
         # `kill`, `timeout` and schedulers send SIGTERM, a closed terminal SIGHUP: end as
-        # Ctrl-C does (the output closed whole, and a word on what it holds).
-        handlers = {}
+        # Ctrl-C does (the output closed whole, and a word on what it holds). Not a signal
+        # the caller ignores (`nohup`).
         for signum in (signal.SIGTERM, signal.SIGHUP):
             with contextlib.suppress(ValueError):  # not the main thread
-                handlers[signum] = signal.signal(signum, _exit_on)
+                if signal.getsignal(signum) is not signal.SIG_IGN:
+                    handlers[signum] = signal.signal(signum, _exit_on)
     else:
         out = sys.stdout
         if hasattr(out, "reconfigure"):
@@ -599,30 +649,25 @@ def cmd_translate(args):
                 cut.append(lines)
             if result["unfinished"]:
                 unfinished.append(lines)
-    except BaseException:
         if args.output:
-            out.close()
-            if lines:  # kept beside the output, named, for the rest to be translated
-                kept = f"{args.output}.partial"
-                os.replace(partial, kept)
-                of = f" of {total}" if total is not None else ""
-                print(f"\n{kept} holds the translations of the first {lines}{of} lines "
-                      f"only; {args.output} is left as it was (it is written once the "
-                      "translation is whole).", file=sys.stderr, flush=True)
-            else:
-                os.remove(partial)
+            out.close()  # a full disk may say so only now
+            if partial:
+                with contextlib.suppress(OSError):  # the mode of the file it replaces
+                    shutil.copymode(target, partial)
+                os.replace(partial, target)
+    except BaseException as error:
+        if args.output:
+            with contextlib.suppress(OSError, ValueError):
+                out.close()
+            _after_a_stopped_translation(args.output, target, partial, lines, total)
+        if isinstance(error, OSError):  # a full disk, a write refused: one line, not a trace
+            raise SystemExit(f"keras-transformer translate: {error}") from None
         raise
-    else:
-        if args.output:
-            out.close()
-            os.replace(partial, args.output)
     finally:
         if progress:
             progress.close()
-        if args.output:
-            out.close()  # (closed already: a no-op)
-            for signum, handler in handlers.items():
-                signal.signal(signum, handler)
+        for signum, handler in handlers.items():
+            signal.signal(signum, handler)
     _report_cut_lines(translator.path, cut, lines, unfinished)  # the version translating
     if not_utf8["count"]:
         print(f"{not_utf8['count']} of {lines} input lines held bytes that are not UTF-8, "

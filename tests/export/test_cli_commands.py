@@ -5,6 +5,7 @@ while TensorFlow is imported, so only a fresh process shows them); the rest call
 `keras_transformer.cli.main` in this process, which shares the session's exported model.
 """
 
+import io
 import json
 import os
 import re
@@ -393,7 +394,7 @@ def test_an_interrupted_translate_leaves_its_output_as_it_was_and_its_lines_besi
         cli.main(["translate", "--export", "e", "--input", str(source), "--output",
                   str(output)])
     error = capsys.readouterr().err
-    partial = tmp_path / (name + ".partial")
+    partial = tmp_path / (name.replace(".gz", "") + ".partial" + (".gz" if ".gz" in name else ""))
     assert f"{partial} holds the translations of the first 2 of 3 lines" in error, error
     assert f"{output} is left as it was" in error
     assert output.read_bytes() == b"earlier translations\n"
@@ -418,6 +419,74 @@ def test_a_translate_refused_at_its_first_line_leaves_an_existing_output(tmp_pat
                   str(output)])
     assert output.read_text(encoding="utf-8") == "earlier translations\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in.txt", "out.txt"]
+
+
+def test_translate_writes_into_an_output_that_is_not_a_plain_file(tmp_path, monkeypatch):
+    # Written beside and renamed over it, a symbolic link became a file (its target left as
+    # it was), a FIFO or a device a regular file (as root, `--output /dev/null` would have
+    # replaced the system's), and a file's mode was lost.
+    from keras_transformer.export import inference
+
+    monkeypatch.setattr(inference, "ExportedTranslator", _Upper)
+    source = tmp_path / "in.txt"
+    source.write_text("a dog\n", encoding="utf-8")
+    real, link = tmp_path / "real.txt", tmp_path / "link.txt"
+    real.write_text("old\n", encoding="utf-8")
+    real.chmod(0o600)
+    link.symlink_to(real)
+    cli.main(["translate", "--export", "e", "--input", str(source), "--output", str(link)])
+    assert link.is_symlink() and real.read_text(encoding="utf-8") == "A DOG\n"
+    assert real.stat().st_mode & 0o777 == 0o600
+    cli.main(["translate", "--export", "e", "--input", str(source), "--output", os.devnull])
+    assert os.path.exists(os.devnull) and not os.path.isfile(os.devnull)
+    (tmp_path / "a_directory").mkdir()
+    with pytest.raises(SystemExit, match="is a directory"):
+        cli.main(["translate", "--export", "e", "--input", str(source), "--output",
+                  str(tmp_path / "a_directory")])
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "a_directory", "in.txt", "link.txt", "real.txt"]
+
+
+def test_an_ignored_hangup_does_not_stop_a_translation(tmp_path, monkeypatch):
+    # `nohup keras-transformer translate ...`: the translation's own SIGHUP handler ended it.
+    import signal
+
+    from keras_transformer.export import inference
+
+    monkeypatch.setattr(inference, "ExportedTranslator", _Upper)
+    monkeypatch.setattr(_Upper, "fail_after", 1)
+    monkeypatch.setattr(_Upper, "signal", signal.SIGHUP)
+    previous = signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    try:
+        source, output = tmp_path / "in.txt", tmp_path / "out.txt"
+        source.write_text("a dog\na cat\n", encoding="utf-8")
+        cli.main(["translate", "--export", "e", "--input", str(source), "--output",
+                  str(output)])
+        assert output.read_text(encoding="utf-8") == "A DOG\nA CAT\n"
+        assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGHUP, previous)
+
+
+def test_a_translation_whose_output_cannot_be_closed_leaves_no_hidden_file(
+        tmp_path, monkeypatch, capsys):
+    # A full disk at the last write (the close) left `.partial-PID-out.txt` and no word.
+    from keras_transformer import textfiles
+    from keras_transformer.export import inference
+
+    monkeypatch.setattr(inference, "ExportedTranslator", _Upper)
+
+    class FullDisk(io.StringIO):
+        def close(self):
+            raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(textfiles, "open_text_output", lambda path: FullDisk())
+    source, output = tmp_path / "in.txt", tmp_path / "out.txt"
+    source.write_text("a dog\n", encoding="utf-8")
+    with pytest.raises(SystemExit, match="No space left"):
+        cli.main(["translate", "--export", "e", "--input", str(source), "--output",
+                  str(output)])
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.txt"]
 
 
 def test_translate_output_dash_is_the_standard_output(tmp_path, monkeypatch, capsys):
