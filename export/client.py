@@ -28,7 +28,8 @@ server cannot take now (its batching queue full: UNAVAILABLE, HTTP 503; RESOURCE
 HTTP 429; or no connection, a server restarting) is sent again after 0.5 s, 1 s, 2 s, ...
 up to `--retries` times (3 by default), each retry said on stderr; one of more sentences
 than the server's `max_batch_size` is sent again in requests of that size. Exit status 1
-with the server's error message when a request fails for good; 130 after Ctrl-C (saying how
+with the server's error message when a request fails for good, or with what is wrong with
+the input (UTF-16 text, lines ended by a carriage return alone) before anything is sent; 130 after Ctrl-C (saying how
 many translations were printed), 141 when the output's reader went away (`| head`).
 """
 
@@ -300,7 +301,7 @@ class InputError(ValueError):
     """Input the client refuses to send (as `keras-transformer translate` refuses it)."""
 
 
-def _check_first_line(line):
+def _check_first_line(line, whole):
     """Refuses UTF-16 text (a byte order mark, or NULs for a quarter of the bytes: every
     sentence would be sent garbled) and lines ended by a carriage return alone (classic Mac
     OS: the whole input would be one sentence)."""
@@ -308,14 +309,16 @@ def _check_first_line(line):
     if line.startswith((b"\xff\xfe", b"\xfe\xff")) or (nuls and nuls * 4 >= len(line)):
         raise InputError("the input looks like UTF-16, not UTF-8: convert it (e.g. `iconv -f "
                          "utf-16 -t utf-8`).")
-    if line.count(b"\r") - line.count(b"\r\n") >= 2:  # (a line: no b"\n" in it)
+    if whole and line.count(b"\r") - line.count(b"\r\n") >= 2:
         raise InputError("the input's lines end in a carriage return alone (classic Mac OS), "
                          "so it reads as one line: convert it (tr '\\r' '\\n').")
 
 
-def _line_text(line, first):
+def _line_text(line, first, whole=False):
+    """A line's text; `first`: the input's first line, checked (`_check_first_line`) when
+    it is the `whole` input (no `\\n` in it: classic Mac OS line ends, or one line)."""
     if first:
-        _check_first_line(line)
+        _check_first_line(line, whole)
     if first and line.startswith(b"\xef\xbb\xbf"):  # a byte order mark
         line = line[3:]
     if line.endswith(b"\r"):
@@ -337,7 +340,8 @@ def stdin_lines(stream, idle_seconds=IDLE_SECONDS):
         descriptor = None
     if descriptor is None or os.name != "posix":
         for number, line in enumerate(stream):
-            yield _line_text(line[:-1] if line.endswith(b"\n") else line, number == 0)
+            ended = line.endswith(b"\n")
+            yield _line_text(line[:-1] if ended else line, number == 0, whole=not ended)
         return
     pending, number, idle = [], 0, False  # the unfinished line's chunks, joined once
     while True:
@@ -359,7 +363,7 @@ def stdin_lines(stream, idle_seconds=IDLE_SECONDS):
             yield _line_text(line, number == 0)
             number += 1
     if any(pending):
-        yield _line_text(b"".join(pending), number == 0)
+        yield _line_text(b"".join(pending), number == 0, whole=number == 0)
 
 
 def _positive(text):

@@ -586,11 +586,11 @@ def cmd_translate(args):
     if args.output and os.path.exists(args.output):
         if args.input != "-" and os.path.samefile(args.input, args.output):
             raise SystemExit(f"--output {args.output} is the --input file: translating it "
-                             "would empty it before it is read. Write to another file.")
+                             "would write over it. Write to another file.")
         if args.input == "-" and _is_standard_input(args.output):
             raise SystemExit(f"--output {args.output} is the standard input (`< "
-                             f"{args.output}`): translating it would empty it before it is "
-                             "read. Write to another file.")
+                             f"{args.output}`): translating it would write over it. Write to "
+                             "another file.")
     total = None  # a missing file fails now; a pipe (`<(zcat f.gz)`) is read once, uncounted
     if args.input != "-" and stat.S_ISREG(os.stat(args.input).st_mode):
         total = count_lines(args.input)

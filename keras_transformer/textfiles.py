@@ -180,8 +180,12 @@ def check_line_endings(raw, where, error=ValueError):
     bare = raw.count(b"\r") - raw.count(b"\r\n")
     if bare >= 2 and bare > raw.count(b"\n"):
         name = where.rsplit(":", 1)[0] if re.search(r":\d+$", where) else where
-        convert = (f"gzip -dc {name} | tr '\\r' '\\n' | gzip > FIXED.gz"
-                   if name.endswith(".gz") else f"tr '\\r' '\\n' < {name} > FIXED")
+        if name == "<stdin>":
+            convert = "... | tr '\\r' '\\n' | ..."
+        elif name.endswith(".gz"):
+            convert = f"gzip -dc {name} | tr '\\r' '\\n' | gzip > FIXED.gz"
+        else:
+            convert = f"tr '\\r' '\\n' < {name} > FIXED"
         raise error(
             f"{where}: its lines end in a carriage return alone (\\r, as classic Mac OS and "
             "Excel for Mac write them), so it reads as one line (only \\n ends a line). "

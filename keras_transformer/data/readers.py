@@ -122,7 +122,7 @@ def iter_lines(path, report=None):
     """
     with open_binary(path, DataError) as f:
         for number, raw in enumerate(f, start=1):
-            if number == 1:
+            if number == 1 and not raw.endswith(b"\n"):  # the whole file is one line
                 textfiles.check_line_endings(raw, os.fspath(path), DataError)
             if raw.endswith(b"\n"):
                 raw = raw[:-1]
@@ -298,6 +298,8 @@ def read_tsv(path, report, keep_all=False, limit=None):
     yielded = 0
     if limit == 0:
         return
+    textfiles.check_line_endings(textfiles.line_endings_sample(path, DataError),
+                                 os.fspath(path), DataError)
     for number, line in enumerate(iter_lines(path, report), start=1):
         empty = False
         if not line.strip():

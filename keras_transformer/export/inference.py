@@ -20,6 +20,7 @@ import tensorflow_text  # noqa: F401  (registers the SentencePiece ops of the ex
 
 from keras_transformer.export.saved_model import latest_version_dir
 from keras_transformer.textfiles import (
+    LINE_ENDINGS_SAMPLE,
     UTF8_BOM,
     check_line_endings,
     check_not_utf16,
@@ -332,6 +333,10 @@ def iter_lines(path_or_dash, strict=False, on_replaced=None, idle_seconds=None):
         yield from _decoded_lines(stream, "<stdin>", strict, on_replaced)
         return
     with open_binary(path_or_dash) as stream:
+        # A file's first bytes, judged before reading (its first line alone may be a title).
+        sample = stream.peek(LINE_ENDINGS_SAMPLE)[:LINE_ENDINGS_SAMPLE] if hasattr(
+            stream, "peek") else b""
+        check_line_endings(sample, os.fspath(path_or_dash))
         yield from _decoded_lines(stream, os.fspath(path_or_dash), strict, on_replaced)
 
 
@@ -386,7 +391,8 @@ def _decoded_lines(stream, name, strict=False, on_replaced=None):
         where = f"{name}:{number + 1}"
         if not checked and line.rstrip(b"\r\n"):
             check_not_utf16(line, where)
-            check_line_endings(line, name)
+            if not line.endswith(b"\n"):  # the whole input is one line
+                check_line_endings(line, name)
             checked = True
         if number == 0 and line.startswith(UTF8_BOM):  # a Windows editor's byte order mark
             line = line[len(UTF8_BOM):]

@@ -99,11 +99,12 @@ def _own_models(run_dir):
 
 def _is_a_runs_own_model(path):
     """Whether `path` is one of the models training writes in a run directory (one holding
-    `config.json`), this run's or another's."""
+    `config.json` and a `tokenizer/` or `history.json`), this run's or another's."""
     path = pathlib.Path(path).resolve()
     run_dir = path.parent.parent if path.parent.name == "checkpoints" else path.parent
-    return (run_dir / "config.json").is_file() and path in [
-        p.resolve() for p in _own_models(run_dir)]
+    is_run = (run_dir / "config.json").is_file() and (
+        (run_dir / "tokenizer").is_dir() or (run_dir / "history.json").is_file())
+    return is_run and path in [p.resolve() for p in _own_models(run_dir)]
 
 
 def average_run(run_dir, last=5, output=None):

@@ -206,8 +206,11 @@ def prepare_tokenizers(config, train_split, output_dir, data_files=None):
         print(f"{files} cannot be read ({error}); no epoch was trained with it: the "
               "vocabulary is trained again.", flush=True)
     started = time.time()
-    # Taken before training: a file written meanwhile is seen as changed next time.
+    # Taken before training: a file written meanwhile is seen as changed next time. The old
+    # record goes first: a kill before the new one leaves none (trained again), never the
+    # old one beside the new vocabulary.
     record = _files_record(data_files) if data_files else None
+    (directory / _TRAINED_ON).unlink(missing_ok=True)
     source_lang, target_lang = run_languages(config)
     # One pass over the training data, then SentencePiece: minutes on a large corpus.
     print(f"Training a {config.vocab_size}-piece vocabulary on a sample of at most "

@@ -123,6 +123,11 @@ def test_a_file_whose_lines_end_in_a_carriage_return_alone_is_refused(tmp_path):
     with pytest.raises(DataError, match=r"carriage return"):
         list(read_tsv(write_bytes(tmp_path / "t.tsv.gz", b"un\tone\rdeux\ttwo\rx\ty\r"),
                       SplitReport()))
+    # A first line holding carriage returns, among many ordinary lines, is only text.
+    title = write_bytes(tmp_path / "title.fr", b"Titre\rSous-titre\rCorps\n" + b"un\n" * 20)
+    other = write_bytes(tmp_path / "title.en", b"Title\n" + b"one\n" * 20)
+    pairs, _ = _read(title, other)
+    assert pairs[0] == ("Titre\rSous-titre\rCorps", "Title") and len(pairs) == 21
     # A carriage return inside one sentence of an ordinary file is only a character.
     source = write_bytes(tmp_path / "b.fr", b"un\rdeux\ntrois\n")
     target = write_bytes(tmp_path / "b.en", b"one\ntwo\n")

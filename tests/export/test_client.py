@@ -469,3 +469,15 @@ def test_stdin_in_utf16_or_with_carriage_return_lines_is_refused(monkeypatch, ca
     monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(data)))
     assert client.main([]) == 1
     assert message in capsys.readouterr().err and not sent
+
+
+
+def test_stdin_with_doubled_carriage_returns_or_a_title_line_is_read(monkeypatch):
+    # Lines ended by "\r\r\n" (CRLF written again in Windows' text mode), or a first line
+    # holding carriage returns among ordinary ones, were refused as classic Mac OS text.
+    import io
+
+    client = _load_client()
+    assert list(client.stdin_lines(io.BytesIO(b"A dog.\r\r\nTwo men.\r\r\n"))) == [
+        "A dog.\r", "Two men.\r"]
+    assert len(list(client.stdin_lines(io.BytesIO(b"T\rS\rB\n" + b"A dog.\n" * 3)))) == 4

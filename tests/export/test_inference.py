@@ -53,13 +53,21 @@ def test_read_lines_refuses_utf16_even_where_bad_bytes_are_replaced(tmp_path):
             read_lines(path)
 
 
-def test_read_lines_refuses_carriage_return_line_endings(tmp_path):
+def test_read_lines_refuses_carriage_return_line_endings(tmp_path, monkeypatch):
     # `translate --input` and `evaluate --src/--ref` of classic Mac OS text translated
     # (and scored) the whole file as one sentence, with no word.
     path = tmp_path / "doc.txt"
-    path.write_bytes(b"A dog.\rTwo men.\rA cat.\r")
-    with pytest.raises(ValueError, match=r"doc\.txt.*carriage return"):
-        read_lines(path)
+    for data in (b"A dog.\rTwo men.\rA cat.\r", b"A dog.\rTwo men.\rA cat.\n"):
+        path.write_bytes(data)
+        with pytest.raises(ValueError, match=r"doc\.txt.*carriage return.*< .*doc\.txt"):
+            read_lines(path)
+    # A first line holding carriage returns, among many ordinary lines, is only text.
+    path.write_bytes(b"Title\rSubtitle\rBody\n" + b"A dog.\n" * 20)
+    assert len(read_lines(path)) == 21
+    # From stdin, the advice is a pipe.
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"A dog.\rTwo men.\r")))
+    with pytest.raises(ValueError, match=r"<stdin>.*\| tr '\\r' '\\n' \|"):
+        read_lines("-")
 
 
 def test_a_line_with_nul_bytes_is_read_not_taken_for_utf16(tmp_path):

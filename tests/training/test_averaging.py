@@ -375,6 +375,12 @@ def test_an_average_never_overwrites_another_runs_models(run_dir, tmp_path):
     other = tmp_path / "other_run"
     (other / "checkpoints").mkdir(parents=True)
     (other / "config.json").write_text("{}")
+    (other / "history.json").write_text("{}")
+    # A folder of another tool's, with a config.json, is not a run.
+    (tmp_path / "hub_model").mkdir()
+    (tmp_path / "hub_model" / "config.json").write_text("{}")
+    path, _ = average_run(run_dir, last=2, output=tmp_path / "hub_model" / "model.keras")
+    assert path.is_file()
     for name in ("model.keras", "checkpoints/best.keras", "checkpoints/last.keras"):
         with pytest.raises(ValueError, match=r"a run's own"):
             average_run(run_dir, last=2, output=other / name)

@@ -614,7 +614,8 @@ def test_the_epoch_a_cooldown_plan_ends_the_run_after_is_foreseen():
     assert not budget_ends_after(plain, Timed([600.0], 660.0), epoch=1)
 
 
-def test_a_vocabulary_without_its_record_of_training_files_is_trained_again(tmp_path, capsys):
+def test_a_vocabulary_without_its_record_of_training_files_is_trained_again(tmp_path, capsys,
+                                                                            monkeypatch):
     # A kill between the vocabulary and `trained_on.json` (or a run directory started by
     # an earlier version) left no record, and the check of changed files was off for good.
     from keras_transformer.data.preparation import data_file_stats
@@ -645,3 +646,16 @@ def test_a_vocabulary_without_its_record_of_training_files_is_trained_again(tmp_
     prepare_tokenizers(config, pairs, run, data_files=data_file_stats(spec, ("train",)))
     assert "cannot be read" in capsys.readouterr().out
     assert isinstance(json.loads(record.read_text()), dict)
+
+    # Killed while training again: the old record does not stay beside what is written.
+    from keras_transformer.training import trainer
+
+    path.write_text("\n".join(lines[::-1]) + "\n")
+    monkeypatch.setattr(trainer, "train_tokenizers", _killed)
+    with pytest.raises(KeyboardInterrupt):
+        prepare_tokenizers(config, pairs, run, data_files=data_file_stats(spec, ("train",)))
+    assert not record.exists()
+
+
+def _killed(*args, **kwargs):
+    raise KeyboardInterrupt
