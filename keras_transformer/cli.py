@@ -520,53 +520,88 @@ def _is_standard_input(path):
         return False
 
 
-def _output_files(output):
-    """`(target, partial)`: where `translate --output` writes. A new or regular file is
-    written beside it (`partial`) and renamed over it once whole, so it stays as it was
-    until then; a symbolic link's target likewise. Anything else (a device, a FIFO, a file
-    with other hard links) is written in place (`partial` None). A directory is refused."""
-    from keras_transformer.textfiles import partial_path
+class _TranslationOutput:
+    """Where `translate --output` writes, decided before anything slow runs.
 
-    target = os.path.realpath(output)
-    if os.path.isdir(target):
-        raise SystemExit(f"--output {output} is a directory: give a file name.")
-    try:
-        status = os.stat(target)
-    except FileNotFoundError:
-        return target, str(partial_path(target))
-    if stat.S_ISREG(status.st_mode) and status.st_nlink == 1:
-        return target, str(partial_path(target))
-    return target, None
+    A new file, or a regular file (a symbolic link's target included), is written beside it
+    and put in place once whole (renamed over it; with other hard links, copied into it):
+    until then it stays as it was. A device or a FIFO is written as the lines come
+    (`streaming`). Compressed when the name given ends in `.gz`, as inputs are read.
+    """
 
+    def __init__(self, output):
+        from keras_transformer.textfiles import partial_path
 
-def _kept_name(path):
-    """Where the lines of a stopped translation are kept: `out.txt.partial`, or
-    `out.txt.partial.gz` (still read as gzip)."""
-    return f"{path[:-3]}.partial.gz" if path.endswith(".gz") else f"{path}.partial"
+        self.output = output
+        self.compress = output.endswith(".gz")
+        self.target = os.path.realpath(output)
+        if os.path.isdir(self.target):
+            raise SystemExit(f"--output {output} is a directory: give a file name.")
+        directory = os.path.dirname(self.target)
+        if not os.path.isdir(directory):
+            raise SystemExit(f"--output {output}: the directory {directory} does not exist.")
+        try:
+            status = os.stat(self.target)
+        except FileNotFoundError:
+            status = None
+        self.streaming = status is not None and not stat.S_ISREG(status.st_mode)
+        self.linked = status is not None and not self.streaming and status.st_nlink > 1
+        self.partial = None if self.streaming else str(partial_path(self.target))
+        if self.partial and not os.access(directory, os.W_OK):
+            if status is None:
+                raise SystemExit(f"--output {output}: no file can be created in {directory}.")
+            self.partial = None  # written in place, as a shell's `>` would
+        self.file = None
 
+    def open(self):
+        from keras_transformer import textfiles
 
-def _after_a_stopped_translation(output, target, partial, lines, total):
-    """Keeps the lines a stopped `translate` wrote (or removes its empty file) and says so."""
-    of = f" of {total}" if total is not None else ""
-    if partial is None:  # written in place
-        if lines:
-            print(f"\n{output} holds the translations of the first {lines}{of} lines only.",
-                  file=sys.stderr, flush=True)
-        return
-    if not os.path.exists(partial):
-        return  # renamed into place: the translation is whole
-    if not lines:
-        with contextlib.suppress(OSError):
-            os.remove(partial)
-        return
-    kept = _kept_name(target)
-    try:
-        os.replace(partial, kept)
-    except OSError:
-        kept = partial
-    print(f"\n{kept} holds the translations of the first {lines}{of} lines only; {output} "
-          "is left as it was (it is written once the translation is whole).",
-          file=sys.stderr, flush=True)
+        self.file = textfiles.open_text_output(self.partial or self.target, self.compress)
+        return self.file
+
+    def finish(self):
+        """Closes the file (a full disk may say so only now) and puts it in place."""
+        self.file.close()
+        if self.partial is None:
+            return
+        if self.linked:  # its other names must see the translation too
+            with open(self.partial, "rb") as source, open(self.target, "wb") as target:
+                shutil.copyfileobj(source, target)
+            os.remove(self.partial)
+            return
+        with contextlib.suppress(OSError):  # the mode of the file it replaces
+            shutil.copymode(self.target, self.partial)
+        os.replace(self.partial, self.target)
+
+    def stopped(self, lines, total, error):
+        """Keeps the lines a stopped translation wrote (or removes its empty file), and says
+        what is where."""
+        if self.file is not None:
+            with contextlib.suppress(OSError, ValueError):
+                self.file.close()
+        of = f" of {total}" if total is not None else ""
+        # A gzip stream a write error stopped may end before its last lines.
+        held = (f"at most the translations of the first {lines}{of} lines (its end may be "
+                "cut)" if self.compress and isinstance(error, OSError)
+                else f"the translations of the first {lines}{of} lines only")
+        if self.partial is None:
+            if lines and not self.streaming:  # a FIFO or a device holds nothing to name
+                print(f"\n{self.output} holds {held}.", file=sys.stderr, flush=True)
+            return
+        if not os.path.exists(self.partial):
+            return  # put in place: the translation is whole
+        if not lines:
+            with contextlib.suppress(OSError):
+                os.remove(self.partial)
+            return
+        kept = (f"{self.target[:-3]}.partial.gz" if self.compress
+                else f"{self.target}.partial")
+        try:
+            os.replace(self.partial, kept)
+        except OSError:
+            kept = self.partial
+        print(f"\n{kept} holds {held}; {self.output} is left as it was (it is written once "
+              "the translation is whole).", file=sys.stderr, flush=True)
 
 
 def _exit_on(signum, frame):
@@ -591,18 +626,15 @@ def cmd_translate(args):
             raise SystemExit(f"--output {args.output} is the standard input (`< "
                              f"{args.output}`): translating it would write over it. Write to "
                              "another file.")
+    destination = _TranslationOutput(args.output) if args.output else None
     total = None  # a missing file fails now; a pipe (`<(zcat f.gz)`) is read once, uncounted
     if args.input != "-" and stat.S_ISREG(os.stat(args.input).st_mode):
         total = count_lines(args.input)
     translator = ExportedTranslator(args.export, signature=args.signature)
     progress = _progress_bar(args, total)
     handlers = {}
-    if args.output:
-        from keras_transformer import textfiles
-
-        target, partial = _output_files(args.output)
-        # Compressed for a .gz name, as inputs are read.
-        out = textfiles.open_text_output(partial or target)
+    if destination:
+        out = destination.open()
         # `kill`, `timeout` and schedulers send SIGTERM, a closed terminal SIGHUP: end as
         # Ctrl-C does (the output closed whole, and a word on what it holds). Not a signal
         # the caller ignores (`nohup`).
@@ -638,28 +670,23 @@ def cmd_translate(args):
                 if not args.output or not args.output.endswith(".gz"):
                     out.flush()  # (a gzip stream would compress each line on its own)
             except BrokenPipeError:
-                if args.output:
+                if destination and not destination.streaming:
                     raise
                 # The reader went away (`| head`): nothing more to say, no error at exit.
-                with contextlib.suppress(OSError, ValueError):
-                    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+                if not destination:
+                    with contextlib.suppress(OSError, ValueError):
+                        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
                 raise SystemExit(141) from None  # 128 + SIGPIPE, as a shell reports it
             lines += 1
             if result["truncated"]:
                 cut.append(lines)
             if result["unfinished"]:
                 unfinished.append(lines)
-        if args.output:
-            out.close()  # a full disk may say so only now
-            if partial:
-                with contextlib.suppress(OSError):  # the mode of the file it replaces
-                    shutil.copymode(target, partial)
-                os.replace(partial, target)
+        if destination:
+            destination.finish()
     except BaseException as error:
-        if args.output:
-            with contextlib.suppress(OSError, ValueError):
-                out.close()
-            _after_a_stopped_translation(args.output, target, partial, lines, total)
+        if destination:
+            destination.stopped(lines, total, error)
         if isinstance(error, OSError):  # a full disk, a write refused: one line, not a trace
             raise SystemExit(f"keras-transformer translate: {error}") from None
         raise

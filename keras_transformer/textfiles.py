@@ -192,10 +192,17 @@ def check_line_endings(raw, where, error=ValueError):
             f"Convert it: {convert}")
 
 
+def whole_lines(sample):
+    """A file's first bytes up to their last `\\n` (all of them without one): a sample cut
+    between a line's `\\r` and its `\\n` would count that `\\r` as bare."""
+    return sample[:sample.rfind(b"\n") + 1] or sample
+
+
 def line_endings_sample(path, error=ValueError):
-    """The first `LINE_ENDINGS_SAMPLE` bytes of a plain or `.gz` file."""
+    """At most the first `LINE_ENDINGS_SAMPLE` bytes of a plain or `.gz` file, whole lines
+    (`whole_lines`)."""
     with open_binary(path, error) as file:
-        return file.read(LINE_ENDINGS_SAMPLE)
+        return whole_lines(file.read(LINE_ENDINGS_SAMPLE))
 
 
 @contextlib.contextmanager
@@ -219,11 +226,11 @@ def open_binary(path, error=ValueError):
                     "download cut short, or a plain file named .gz?") from bad
 
 
-def open_text_output(path):
+def open_text_output(path, compress=None):
     """Opens a file for writing UTF-8 text, gzip-compressed when its name ends in `.gz` (as
-    `open_binary` reads it)."""
+    `open_binary` reads it), or as `compress` says."""
     path = os.fspath(path)
-    if path.endswith(".gz"):
+    if path.endswith(".gz") if compress is None else compress:
         return gzip.open(path, "wt", encoding="utf-8")
     return open(path, "w", encoding="utf-8")
 

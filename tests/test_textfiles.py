@@ -116,3 +116,11 @@ def test_carriage_return_line_endings_are_refused_with_how_to_convert(data, refu
             textfiles.check_line_endings(data, "a.txt.gz")
     else:
         textfiles.check_line_endings(data, "a.txt")
+
+
+def test_a_sample_cut_inside_a_line_end_is_judged_on_its_whole_lines(tmp_path):
+    # The first 64 KiB of a file of "abc\r\r\n" lines can end between a CR and its LF.
+    for count in (10922, 10923, 20000):
+        path = tmp_path / "a.txt"
+        path.write_bytes(b"abc\r\r\n" * count)
+        textfiles.check_line_endings(textfiles.line_endings_sample(path), "a.txt")

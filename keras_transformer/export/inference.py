@@ -27,6 +27,7 @@ from keras_transformer.textfiles import (
     count_lines,
     decode_utf8,
     open_binary,
+    whole_lines,
 )
 
 # The input of every exported signature and its outputs (see docs/CONTRACTS.md).
@@ -336,7 +337,7 @@ def iter_lines(path_or_dash, strict=False, on_replaced=None, idle_seconds=None):
         # A file's first bytes, judged before reading (its first line alone may be a title).
         sample = stream.peek(LINE_ENDINGS_SAMPLE)[:LINE_ENDINGS_SAMPLE] if hasattr(
             stream, "peek") else b""
-        check_line_endings(sample, os.fspath(path_or_dash))
+        check_line_endings(whole_lines(sample), os.fspath(path_or_dash))
         yield from _decoded_lines(stream, os.fspath(path_or_dash), strict, on_replaced)
 
 

@@ -447,6 +447,76 @@ def test_translate_writes_into_an_output_that_is_not_a_plain_file(tmp_path, monk
         "a_directory", "in.txt", "link.txt", "real.txt"]
 
 
+def test_translate_into_a_hard_linked_or_linked_gz_output(tmp_path, monkeypatch):
+    # A file with a second hard link was written in place: a UTF-16 input refused at its
+    # first line emptied both names. A symbolic link named .gz to a .txt file was written
+    # as plain text (the target's name chose).
+    import gzip
+
+    from keras_transformer.export import inference
+
+    monkeypatch.setattr(inference, "ExportedTranslator", _Upper)
+    source, output, other = tmp_path / "in.txt", tmp_path / "out.txt", tmp_path / "other.txt"
+    output.write_text("earlier\n", encoding="utf-8")
+    os.link(output, other)
+    source.write_bytes("a dog\n".encode("utf-16"))
+    with pytest.raises(SystemExit, match="UTF-16"):
+        cli.main(["translate", "--export", "e", "--input", str(source), "--output",
+                  str(output)])
+    assert other.read_text(encoding="utf-8") == "earlier\n"
+    source.write_text("a dog\n", encoding="utf-8")
+    cli.main(["translate", "--export", "e", "--input", str(source), "--output", str(output)])
+    assert other.read_text(encoding="utf-8") == "A DOG\n" and os.path.samefile(output, other)
+
+    real, link = tmp_path / "real.txt", tmp_path / "link.gz"
+    link.symlink_to(real)
+    cli.main(["translate", "--export", "e", "--input", str(source), "--output", str(link)])
+    with gzip.open(link, "rt", encoding="utf-8") as stream:
+        assert stream.read() == "A DOG\n"
+
+
+def test_an_output_in_a_missing_directory_is_refused_before_the_model_loads(
+        tmp_path, monkeypatch):
+    # The error came after counting the input and loading the model, naming a hidden file.
+    from keras_transformer.export import inference
+
+    def never(*args, **kwargs):
+        raise AssertionError("the model was loaded")
+
+    monkeypatch.setattr(inference, "ExportedTranslator", never)
+    source = tmp_path / "in.txt"
+    source.write_text("a dog\n", encoding="utf-8")
+    with pytest.raises(SystemExit, match=r"--output .*nodir/out.txt: the directory .* does "
+                                         r"not exist") as error:
+        cli.main(["translate", "--export", "e", "--input", str(source), "--output",
+                  str(tmp_path / "nodir" / "out.txt")])
+    assert ".partial" not in str(error.value)
+
+
+def test_translate_into_a_fifo_whose_reader_left_ends_quietly(tmp_path, monkeypatch, capsys):
+    # "fifo holds the translations of the first 3 lines only" and a Broken pipe error: a
+    # FIFO holds nothing; as stdout, a reader that went away ends the command quietly.
+    import threading
+
+    from keras_transformer.export import inference
+
+    monkeypatch.setattr(inference, "ExportedTranslator", _Upper)
+    source, fifo = tmp_path / "in.txt", tmp_path / "fifo"
+    source.write_text("a dog\n" * 100_000, encoding="utf-8")
+    os.mkfifo(fifo)
+
+    def read_a_little():
+        with open(fifo, "rb") as stream:
+            stream.read(10)
+
+    reader = threading.Thread(target=read_a_little, daemon=True)
+    reader.start()
+    with pytest.raises(SystemExit) as stopped:
+        cli.main(["translate", "--export", "e", "--input", str(source), "--output", str(fifo)])
+    assert stopped.value.code == 141
+    assert "holds" not in capsys.readouterr().err
+
+
 def test_an_ignored_hangup_does_not_stop_a_translation(tmp_path, monkeypatch):
     # `nohup keras-transformer translate ...`: the translation's own SIGHUP handler ended it.
     import signal
@@ -480,7 +550,7 @@ def test_a_translation_whose_output_cannot_be_closed_leaves_no_hidden_file(
         def close(self):
             raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(textfiles, "open_text_output", lambda path: FullDisk())
+    monkeypatch.setattr(textfiles, "open_text_output", lambda path, compress=None: FullDisk())
     source, output = tmp_path / "in.txt", tmp_path / "out.txt"
     source.write_text("a dog\n", encoding="utf-8")
     with pytest.raises(SystemExit, match="No space left"):

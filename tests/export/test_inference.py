@@ -64,6 +64,14 @@ def test_read_lines_refuses_carriage_return_line_endings(tmp_path, monkeypatch):
     # A first line holding carriage returns, among many ordinary lines, is only text.
     path.write_bytes(b"Title\rSubtitle\rBody\n" + b"A dog.\n" * 20)
     assert len(read_lines(path)) == 21
+    # CR CR LF line ends (CRLF written again in Windows' text mode), whatever the length of
+    # the first bytes judged: a sample cut between a line's CR and its LF was refused.
+    for count in (700, 701, 1500, 2000):
+        path.write_bytes(b"abc\r\r\n" * count)
+        assert len(read_lines(path)) == count
+        gz = tmp_path / "doc.txt.gz"
+        gz.write_bytes(__import__("gzip").compress(b"abc\r\r\n" * count))
+        assert len(read_lines(gz)) == count
     # From stdin, the advice is a pipe.
     monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"A dog.\rTwo men.\r")))
     with pytest.raises(ValueError, match=r"<stdin>.*\| tr '\\r' '\\n' \|"):
