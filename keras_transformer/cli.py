@@ -556,7 +556,8 @@ class _TranslationOutput:
     def open(self):
         from keras_transformer import textfiles
 
-        self.file = textfiles.open_text_output(self.partial or self.target, self.compress)
+        self.file = textfiles.open_text_output(self.partial or self.target, self.compress,
+                                               name=self.target)
         return self.file
 
     def finish(self):

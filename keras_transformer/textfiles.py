@@ -10,6 +10,7 @@ TensorFlow Datasets) both read files with it.
 import contextlib
 import gzip
 import hashlib
+import io
 import os
 import pathlib
 import re
@@ -226,13 +227,38 @@ def open_binary(path, error=ValueError):
                     "download cut short, or a plain file named .gz?") from bad
 
 
-def open_text_output(path, compress=None):
+def open_text_output(path, compress=None, name=None):
     """Opens a file for writing UTF-8 text, gzip-compressed when its name ends in `.gz` (as
-    `open_binary` reads it), or as `compress` says."""
+    `open_binary` reads it), or as `compress` says.
+
+    `name`: the file name a gzip header records (what `gunzip -N` restores), when `path`
+    is a partial file that will be renamed to it; `path` by default.
+    """
     path = os.fspath(path)
     if path.endswith(".gz") if compress is None else compress:
-        return gzip.open(path, "wt", encoding="utf-8")
+        if name is None:
+            return gzip.open(path, "wt", encoding="utf-8")
+        return io.TextIOWrapper(_NamedGzipFile(path, os.fspath(name)), encoding="utf-8")
     return open(path, "w", encoding="utf-8")
+
+
+class _NamedGzipFile(gzip.GzipFile):
+    """A gzip file written at `path` whose header names `name`; closing it closes the file."""
+
+    def __init__(self, path, name):
+        raw = open(path, "wb")
+        try:
+            super().__init__(filename=name, mode="wb", fileobj=raw)
+        except BaseException:
+            raw.close()
+            raise
+        self._raw = raw
+
+    def close(self):
+        try:
+            super().close()
+        finally:
+            self._raw.close()
 
 
 def count_lines(path, error=ValueError):

@@ -337,6 +337,15 @@ def test_translate_writes_a_gz_output_compressed(tmp_path, monkeypatch):
     cli.main(["translate", "--export", "e", "--input", str(source), "--output", str(output)])
     with gzip.open(output, "rt", encoding="utf-8") as stream:
         assert stream.read() == "A DOG\nÜBER\n"
+    # The header's name is the one `gunzip -N` restores: it named the hidden partial file
+    # the translation was written to (`.partial-PID-out.de`).
+    assert _gzip_header_name(output) == "out.de"
+
+
+def _gzip_header_name(path):
+    header = path.read_bytes()
+    assert header[:2] == b"\x1f\x8b" and header[3] & 0x08, "no name in the gzip header"
+    return header[10:header.index(b"\0", 10)].decode("latin-1")
 
 
 def test_translate_reads_a_pipe_given_as_its_input_once(tmp_path, monkeypatch):
@@ -559,7 +568,7 @@ def test_a_translation_whose_output_cannot_be_closed_leaves_no_hidden_file(
         def close(self):
             raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(textfiles, "open_text_output", lambda path, compress=None: FullDisk())
+    monkeypatch.setattr(textfiles, "open_text_output", lambda path, compress=None, name=None: FullDisk())
     source, output = tmp_path / "in.txt", tmp_path / "out.txt"
     source.write_text("a dog\n", encoding="utf-8")
     with pytest.raises(SystemExit, match="No space left"):
