@@ -660,7 +660,7 @@ def cmd_translate(args):
         # order as each buffer finishes.
         for result in translator.translate_stream(
                 iter_lines(args.input, on_replaced=replaced,
-                           idle_seconds=IDLE_SECONDS if args.input == "-" else None),
+                           idle_seconds=IDLE_SECONDS if total is None else None),
                 batch_size=args.batch_size,
                 on_batch=progress.update if progress else None):
             # One line per input line: a line break the model emitted (SentencePiece's

@@ -316,9 +316,10 @@ def iter_lines(path_or_dash, strict=False, on_replaced=None, idle_seconds=None):
         strict: bool, as in `read_lines`. Defaults to `False`.
         on_replaced: callable or None, called with the 1-based number of each line whose
             bytes that are not UTF-8 were replaced (not `strict`). Defaults to `None`.
-        idle_seconds: float or None: standard input that is a terminal or a pipe (not a
-            file) gives `IDLE` once when no input came for this long, so that lines typed
-            or written one at a time can be translated as they come. Defaults to `None`.
+        idle_seconds: float or None: standard input, or a file named that is not a regular
+            file (a terminal, a pipe, `/dev/stdin`), gives `IDLE` once when no input came
+            for this long, so that lines typed or written one at a time can be translated
+            as they come. Defaults to `None`.
 
     Yields:
         str, each line without its terminator (nor the first line a UTF-8 byte order mark);
@@ -332,6 +333,15 @@ def iter_lines(path_or_dash, strict=False, on_replaced=None, idle_seconds=None):
         if idle_seconds is not None:
             stream = _pausing_lines(stream, idle_seconds)
         yield from _decoded_lines(stream, "<stdin>", strict, on_replaced)
+        return
+    name = os.fspath(path_or_dash)
+    if (idle_seconds is not None and os.name == "posix" and not name.endswith(".gz")
+            and not stat.S_ISREG(os.stat(name).st_mode)):
+        # A pipe given by name (`/dev/stdin`, `<(prog)`, a FIFO) is read as standard input
+        # is: unbuffered, so that what `_pausing_lines` reads is all there is.
+        with open(name, "rb", buffering=0) as stream:
+            yield from _decoded_lines(_pausing_lines(stream, idle_seconds), name, strict,
+                                      on_replaced)
         return
     with open_binary(path_or_dash) as stream:
         # A file's first bytes, judged before reading (its first line alone may be a title).

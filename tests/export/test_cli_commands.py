@@ -679,3 +679,37 @@ def test_translate_says_which_lines_were_not_utf8(tmp_path, monkeypatch, capsys)
     source.write_text("ok\nда\n", encoding="utf-8")
     cli.main(["translate", "--export", "e", "--input", str(source)])
     assert "UTF-8" not in capsys.readouterr().err
+
+
+def test_translate_from_a_named_pipe_translates_each_line_as_it_comes(tmp_path, monkeypatch):
+    # `translate --input /dev/stdin` (or `<(prog)`, a FIFO) read ahead 16 batches of lines
+    # before translating any: only `--input -` said when its input paused (`IDLE`), which
+    # has the lines read so far translated at once.
+    import threading
+
+    from keras_transformer.export import inference
+
+    fifo, output = tmp_path / "lines", tmp_path / "out.txt"
+    os.mkfifo(fifo)
+    seen = []
+
+    class Recording(_Upper):
+        def translate_stream(self, lines, batch_size=32, on_batch=None):
+            for line in lines:
+                seen.append(line)
+                if line is not inference.IDLE:
+                    yield {"translation": line.upper(), "truncated": False,
+                           "unfinished": False}
+
+    def writer():
+        with open(fifo, "wb", buffering=0) as stream:
+            stream.write(b"a dog\n")
+            time.sleep(0.5)  # a program waiting for the first translation
+            stream.write(b"a cat\n")
+
+    monkeypatch.setattr(inference, "ExportedTranslator", Recording)
+    monkeypatch.setattr(inference, "IDLE_SECONDS", 0.05)
+    threading.Thread(target=writer, daemon=True).start()
+    cli.main(["translate", "--export", "e", "--input", str(fifo), "--output", str(output)])
+    assert seen[0] == "a dog" and seen[1] is inference.IDLE and seen[-1] == "a cat", seen
+    assert output.read_text(encoding="utf-8") == "A DOG\nA CAT\n"

@@ -429,3 +429,29 @@ def test_standard_input_that_pauses_says_so_and_its_lines_are_translated_at_once
     results = translator.translate_stream(iter(["a", inference.IDLE, "b", "c"]), batch_size=8)
     assert next(results)["translation"] == "A" and calls == [[b"a"]]  # before "b" is read
     assert [r["translation"] for r in results] == ["B", "C"] and calls[1] == [b"b", b"c"]
+
+
+def test_a_pipe_named_as_the_input_that_pauses_is_translated_as_its_lines_come(tmp_path):
+    # `--input /dev/stdin`, `--input <(prog)` or a FIFO: only `--input -` translated on a
+    # pause; a named pipe was read ahead 16 batches (or to its end) first.
+    import os
+    import threading
+
+    from keras_transformer.export import inference
+
+    fifo = tmp_path / "lines"
+    os.mkfifo(fifo)
+    go_on = threading.Event()
+
+    def writer():
+        with open(fifo, "wb", buffering=0) as stream:
+            stream.write(b"a dog\nhalf a li")
+            go_on.wait(10)
+            stream.write(b"ne\n")
+
+    threading.Thread(target=writer, daemon=True).start()
+    lines = inference.iter_lines(fifo, idle_seconds=0.05)
+    assert next(lines) == "a dog"
+    assert next(lines) is inference.IDLE  # nothing more for 0.05 s
+    go_on.set()
+    assert list(lines) == ["half a line"]
