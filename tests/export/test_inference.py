@@ -450,8 +450,9 @@ def test_a_pipe_named_as_the_input_that_pauses_is_translated_as_its_lines_come(t
             stream.write(b"ne\n")
 
     threading.Thread(target=writer, daemon=True).start()
-    lines = inference.iter_lines(fifo, idle_seconds=0.05)
+    # (0.5 s: a writer thread woken late on a busy machine is not a pause.)
+    lines = inference.iter_lines(fifo, idle_seconds=0.5)
     assert next(lines) == "a dog"
-    assert next(lines) is inference.IDLE  # nothing more for 0.05 s
+    assert next(lines) is inference.IDLE  # nothing more for 0.5 s
     go_on.set()
     assert list(lines) == ["half a line"]
