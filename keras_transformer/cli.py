@@ -659,8 +659,9 @@ def cmd_translate(args):
         # Batches are sorted by length within a read-ahead buffer; lines come out in input
         # order as each buffer finishes.
         for result in translator.translate_stream(
-                iter_lines(args.input, on_replaced=replaced,
-                           idle_seconds=IDLE_SECONDS if total is None else None),
+                # (a regular file, named or as standard input, is read ahead whatever
+                # `idle_seconds` says: `iter_lines` tells a pipe from a file)
+                iter_lines(args.input, on_replaced=replaced, idle_seconds=IDLE_SECONDS),
                 batch_size=args.batch_size,
                 on_batch=progress.update if progress else None):
             # One line per input line: a line break the model emitted (SentencePiece's

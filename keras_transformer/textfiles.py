@@ -236,9 +236,8 @@ def open_text_output(path, compress=None, name=None):
     """
     path = os.fspath(path)
     if path.endswith(".gz") if compress is None else compress:
-        if name is None:
-            return gzip.open(path, "wt", encoding="utf-8")
-        return io.TextIOWrapper(_NamedGzipFile(path, os.fspath(name)), encoding="utf-8")
+        named = path if name is None else os.fspath(name)
+        return io.TextIOWrapper(_NamedGzipFile(path, named), encoding="utf-8")
     return open(path, "w", encoding="utf-8")
 
 
