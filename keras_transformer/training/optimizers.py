@@ -64,6 +64,7 @@ def make_optimizer(
     scale=1.0,
     total_steps=None,
     cooldown_steps=0,
+    cooldown_shape="linear",
     clipnorm=None,
     global_clipnorm=None,
     beta_1=0.9,
@@ -80,6 +81,8 @@ def make_optimizer(
             only with `cooldown_steps`. Defaults to `None`.
         cooldown_steps: int, last updates over which the rate falls linearly to zero
             (see `TransformerSchedule`); `0` = none. Defaults to `0`.
+        cooldown_shape: string, how the rate falls over the cooldown: `"linear"` or
+            `"1-sqrt"` (see `TransformerSchedule`). Defaults to `"linear"`.
         clipnorm: float or `None`, clip each variable's gradient *separately* to this
             norm (Keras' `clipnorm`): the update's direction changes whenever one
             variable's gradient is clipped and another's is not. Defaults to `None`.
@@ -109,7 +112,7 @@ def make_optimizer(
     return FusedAdam(
         learning_rate=TransformerSchedule(
             d_model, warmup_steps=warmup_steps, scale=scale, total_steps=total_steps,
-            cooldown_steps=cooldown_steps,
+            cooldown_steps=cooldown_steps, cooldown_shape=cooldown_shape,
         ),
         beta_1=beta_1,
         beta_2=beta_2,

@@ -11,6 +11,9 @@ import typing
 PRECISIONS = (None, "mixed_bfloat16", "mixed_float16", "auto")
 # SentencePiece normalization rules a vocabulary may be trained with (`normalization`).
 NORMALIZATIONS = ("nmt_nfkc", "nfkc", "identity")
+# How the learning rate falls over a cooldown (`lr_cooldown_shape`, `TransformerSchedule`),
+# `p` going from 0 to 1 over its updates: times `1 - p`, or times `1 - sqrt(p)`.
+COOLDOWN_SHAPES = ("linear", "1-sqrt")
 # The most segmentations SentencePiece samples from (`subword_nbest`): `nbest_encode`'s limit,
 # `text.subword_sampling.MAX_NBEST` (not imported: this module loads no TensorFlow).
 MAX_NBEST = 512
@@ -233,6 +236,11 @@ class TrainingConfig:
         "the budget is predicted to hold, replanned after every epoch until the cooldown "
         "begins (BudgetCooldown)."
     )
+    lr_cooldown_shape: str = _field(
+        "linear", "How the learning rate falls over the cooldown (`lr_cooldown`): 'linear' "
+        "(times 1 - p, p going from 0 to 1 over the cooldown) or '1-sqrt' (times 1 - sqrt(p): "
+        "faster at first, slower at the end; Hägele et al., 2024)."
+    )
     label_smoothing: float = _field(
         0.1, "Probability mass moved from the true token to the other classes."
     )
@@ -361,6 +369,9 @@ class TrainingConfig:
             )
         if not 0.0 <= self.lr_cooldown <= 1.0:
             raise ValueError(f"`lr_cooldown` must be in [0, 1]. Received: {self.lr_cooldown}")
+        if self.lr_cooldown_shape not in COOLDOWN_SHAPES:
+            raise ValueError(f"`lr_cooldown_shape` must be one of {COOLDOWN_SHAPES}. Received: "
+                             f"{self.lr_cooldown_shape!r}")
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"`dropout` must be in [0, 1). Received: {self.dropout}")
         if self.attention_dropout is not None and not 0.0 <= self.attention_dropout < 1.0:

@@ -282,6 +282,7 @@ def compile_model(model, config, jit_compile="auto", total_steps=None):
         optimizer=make_optimizer(
             config.d_model, config.warmup_steps, scale=config.lr_scale,
             total_steps=total_steps if cooldown else None, cooldown_steps=cooldown,
+            cooldown_shape=config.lr_cooldown_shape,
             clipnorm=config.clipnorm, global_clipnorm=config.global_clipnorm,
         ),
         loss=MaskedSparseCategoricalCrossentropy(label_smoothing=config.label_smoothing),
@@ -1207,15 +1208,16 @@ def _nothing_to_train(config, epochs_done, record):
     return None
 
 
-def peak_share(warmup_steps, total_steps, cooldown):
+def peak_share(warmup_steps, total_steps, cooldown, shape="linear"):
     """The largest learning rate a run of `total_steps` updates reaches, as a share of the
     schedule's peak (the rate at the end of `warmup_steps`): `TransformerSchedule`'s
-    warm-up, times its linear cooldown over the last `cooldown` updates. The warm-up and
+    warm-up, times its cooldown of `shape` over the last `cooldown` updates. The warm-up and
     the cooldown overlap when the run is short or the cooldown long (`lr_cooldown=1`)."""
     steps = np.arange(1, min(total_steps, warmup_steps) + 1, dtype=np.float64)  # from 1
     rates = steps / warmup_steps  # the warm-up; past it the rate only falls
     if cooldown:
-        rates *= np.clip((total_steps - (steps - 1)) / cooldown, 0.0, 1.0)
+        remaining = np.clip((total_steps - (steps - 1)) / cooldown, 0.0, 1.0)
+        rates *= 1.0 - np.sqrt(1.0 - remaining) if shape == "1-sqrt" else remaining
     return float(rates.max()) if len(rates) else 0.0
 
 
@@ -1244,7 +1246,7 @@ def warmup_warning(config, steps_per_epoch):
     None otherwise (a time budget can only end the run earlier)."""
     total = config.epochs * steps_per_epoch
     cooldown = cooldown_steps(config.lr_cooldown, total)
-    share = peak_share(config.warmup_steps, total, cooldown)
+    share = peak_share(config.warmup_steps, total, cooldown, config.lr_cooldown_shape)
     if share >= _LOW_PEAK_SHARE:
         return None
     before_cooldown = total - cooldown

@@ -59,6 +59,16 @@ def test_config_lr_cooldown_becomes_the_schedules_cooldown():
         get_preset("tiny").replace(lr_cooldown=1.5)
 
 
+def test_config_lr_cooldown_shape_becomes_the_schedules_shape():
+    config = get_preset("tiny").replace(lr_cooldown=0.25, lr_cooldown_shape="1-sqrt")
+    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+    compile_model(model, config, total_steps=40)
+    assert model.optimizer._learning_rate.cooldown_shape == "1-sqrt"
+    assert get_preset("multi30k").lr_cooldown_shape == "linear"
+    with pytest.raises(ValueError, match="lr_cooldown_shape"):
+        get_preset("tiny").replace(lr_cooldown_shape="cosine")
+
+
 @pytest.mark.parametrize("policy", ["float32", "mixed_float16"])
 def test_learning_rate_schedule_finds_the_schedule_under_loss_scaling(policy):
     from keras_transformer.training.optimizers import learning_rate_schedule

@@ -127,3 +127,52 @@ def test_run_lengths_that_are_not_whole_updates_or_not_numbers_are_refused():
     assert type(cooldown_steps(0.3, np.int64(2152))) is int
     assert TransformerSchedule(64, 10, total_steps=np.int64(100),
                                cooldown_steps=np.int64(20)).cooldown_steps == 20
+
+
+def test_a_one_minus_sqrt_cooldown_follows_hageles_shape():
+    # Hägele et al. (2024): over the cooldown the rate is multiplied by 1 - sqrt(progress),
+    # which falls faster than the linear ramp at first and more slowly at the end.
+    base = TransformerSchedule(d_model=64, warmup_steps=10)
+    cooled = TransformerSchedule(d_model=64, warmup_steps=10, total_steps=100, cooldown_steps=20,
+                                 cooldown_shape="1-sqrt")
+    for iterations in (0, 9, 50, 79):
+        np.testing.assert_allclose(float(cooled(iterations)), float(base(iterations)), rtol=1e-6)
+    for iterations, progress in ((80, 0.0), (85, 0.25), (90, 0.5), (99, 19 / 20), (100, 1.0),
+                                 (150, 1.0)):
+        np.testing.assert_allclose(float(cooled(iterations)),
+                                   (1 - progress**0.5) * float(base(iterations)),
+                                   rtol=1e-5, atol=1e-12)
+    assert float(cooled(99)) > 0.0
+    restored = TransformerSchedule.from_config(cooled.get_config())
+    assert restored.cooldown_shape == "1-sqrt"
+    np.testing.assert_allclose(float(restored(85)), float(cooled(85)))
+    # The linear shape is the default and is not written (configs of earlier runs load as they
+    # were); an unknown shape is refused.
+    linear = TransformerSchedule(d_model=64, warmup_steps=10, total_steps=100, cooldown_steps=20)
+    assert linear.cooldown_shape == "linear" and "cooldown_shape" not in linear.get_config()
+    with pytest.raises(ValueError, match="cooldown_shape"):
+        TransformerSchedule(64, 10, total_steps=100, cooldown_steps=20, cooldown_shape="cosine")
+
+
+def test_make_optimizer_passes_the_cooldowns_shape():
+    optimizer = make_optimizer(d_model=64, warmup_steps=10, total_steps=50, cooldown_steps=10,
+                               cooldown_shape="1-sqrt")
+    assert optimizer._learning_rate.cooldown_shape == "1-sqrt"
+    restored = keras.optimizers.deserialize(keras.optimizers.serialize(optimizer))
+    assert restored._learning_rate.cooldown_shape == "1-sqrt"
+
+
+@pytest.mark.parametrize("shape", ["linear", "1-sqrt"])
+@pytest.mark.parametrize("warmup, total, cooldown", [(400, 50, 15), (4000, 4000, 4000),
+                                                     (10, 100, 30)])
+def test_peak_share_is_the_schedules_own_peak_over_the_run(shape, warmup, total, cooldown):
+    # `warmup_warning` judges a run by `peak_share`, a NumPy copy of the schedule: both
+    # cooldown shapes must agree with the schedule itself.
+    from keras_transformer.training.trainer import peak_share
+
+    schedule = TransformerSchedule(64, warmup, total_steps=total, cooldown_steps=cooldown,
+                                   cooldown_shape=shape)
+    peak = float(TransformerSchedule(64, warmup)(warmup - 1))
+    rates = schedule(np.arange(total))
+    np.testing.assert_allclose(peak_share(warmup, total, cooldown, shape),
+                               float(np.max(rates)) / peak, rtol=1e-5)
