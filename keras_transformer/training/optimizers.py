@@ -79,8 +79,8 @@ def make_optimizer(
         scale: float > 0, multiplier of the learning rate. Defaults to `1.0`.
         total_steps: int or `None`, updates of the whole run, where the cooldown ends;
             only with `cooldown_steps`. Defaults to `None`.
-        cooldown_steps: int, last updates over which the rate falls linearly to zero
-            (see `TransformerSchedule`); `0` = none. Defaults to `0`.
+        cooldown_steps: int, last updates over which the rate falls to zero (see
+            `TransformerSchedule`); `0` = none. Defaults to `0`.
         cooldown_shape: string, how the rate falls over the cooldown: `"linear"` or
             `"1-sqrt"` (see `TransformerSchedule`). Defaults to `"linear"`.
         clipnorm: float or `None`, clip each variable's gradient *separately* to this

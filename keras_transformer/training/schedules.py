@@ -26,14 +26,14 @@ class TransformerSchedule(keras.optimizers.schedules.LearningRateSchedule):
     the first update uses `lrate(1)`, and `schedule(warmup_steps - 1)` is the peak.
 
     Cooldown: with `total_steps` and `cooldown_steps`, the rate is further multiplied by
-    `min(1, (total_steps - iterations) / cooldown_steps)`, floored at 0: it falls linearly
-    over the last `cooldown_steps` updates, the last update (`iterations == total_steps -
+    `m = min(1, (total_steps - iterations) / cooldown_steps)`, floored at 0: it falls
+    linearly over the last `cooldown_steps` updates, the last update (`iterations == total_steps -
     1`) uses `1 / cooldown_steps` of the rate, and updates past `total_steps` use 0. This
     is the "cooldown" that lets an inverse-square-root run end as well as a cosine one of
     the same length (Zhai et al., 2022; Hägele et al., 2024), and it anneals the weights
     the way averaging the last checkpoints does. With `cooldown_shape="1-sqrt"` the
-    multiplier is `1 - sqrt(1 - m)` of that linear one `m` instead: it falls faster at first
-    and more slowly at the end, the shape Hägele et al. found better than the linear one.
+    multiplier is `1 - sqrt(1 - m)` instead of `m`: it falls faster at first and more slowly
+    at the end, the shape Hägele et al. found better than the linear one.
 
     Args:
         d_model: int, the model width; the rate scales with `d_model**-0.5`.
@@ -42,9 +42,9 @@ class TransformerSchedule(keras.optimizers.schedules.LearningRateSchedule):
             Defaults to `1.0`.
         total_steps: int or `None`, the number of updates of the whole run; only with
             `cooldown_steps` (needed by it). Defaults to `None`.
-        cooldown_steps: int, updates at the end of the run over which the rate falls
-            linearly to zero; `0` or `None` (no cooldown), or at most `total_steps`.
-            Defaults to `0`.
+        cooldown_steps: int, updates at the end of the run over which the rate falls to
+            zero (as `cooldown_shape` says); `0` or `None` (no cooldown), or at most
+            `total_steps`. Defaults to `0`.
         cooldown_shape: string, one of `COOLDOWN_SHAPES`: how the rate falls over the
             cooldown, `"linear"` or `"1-sqrt"`. Defaults to `"linear"`.
 
@@ -144,9 +144,7 @@ class TransformerSchedule(keras.optimizers.schedules.LearningRateSchedule):
         total_steps, cooldown_steps = self._run_length[0], self._run_length[1]
         # `step - 1` is the 0-based iteration: the last update keeps 1/cooldown_steps.
         remaining = ops.clip((total_steps - (step - 1.0)) / cooldown_steps, 0.0, 1.0)
-        if self.cooldown_shape == "1-sqrt":
-            return rate * (1.0 - ops.sqrt(1.0 - remaining))
-        return rate * remaining
+        return rate * cooldown_multiplier(remaining, self.cooldown_shape, ops.sqrt)
 
     def get_config(self):
         config = {
@@ -154,11 +152,26 @@ class TransformerSchedule(keras.optimizers.schedules.LearningRateSchedule):
             "warmup_steps": self.warmup_steps,
             "scale": self.scale,
         }
-        if self.cooldown_steps:
-            config.update(total_steps=self.total_steps, cooldown_steps=self.cooldown_steps)
-        if self.cooldown_shape != "linear":  # the default: configs of earlier runs unchanged
-            config["cooldown_shape"] = self.cooldown_shape
+        if self.cooldown_steps:  # the cooldown's settings, with one
+            config.update(total_steps=self.total_steps, cooldown_steps=self.cooldown_steps,
+                          cooldown_shape=self.cooldown_shape)
         return config
+
+
+def cooldown_multiplier(remaining, shape, sqrt):
+    """The cooldown's multiplier of the rate, from the linear one `remaining` (1 where the
+    cooldown begins, 0 where it ends): `remaining` itself (`"linear"`), or `1 - sqrt(1 -
+    remaining)` (`"1-sqrt"`), computed as `remaining / (1 + sqrt(1 - remaining))`, which
+    keeps its precision near the end of a long cooldown. `sqrt` is `ops.sqrt` or `np.sqrt`.
+
+    Example:
+
+    >>> cooldown_multiplier(0.75, "1-sqrt", math.sqrt)
+    0.5
+    """
+    if shape == "1-sqrt":
+        return remaining / (1.0 + sqrt(1.0 - remaining))
+    return remaining
 
 
 def cooldown_steps(fraction, total_steps):

@@ -56,7 +56,7 @@ from keras_transformer.training.losses import MaskedSparseCategoricalCrossentrop
 from keras_transformer.training.metrics import MaskedAccuracy
 from keras_transformer.training.optimizers import learning_rate_schedule, make_optimizer
 from keras_transformer.training.presets import TrainingConfig, resolve_precision
-from keras_transformer.training.schedules import cooldown_steps
+from keras_transformer.training.schedules import cooldown_multiplier, cooldown_steps
 from keras_transformer.training.strategy import (
     CLUSTER_TIMEOUT_MINUTES,
     WORKER_TEMP_PREFIX,
@@ -1217,7 +1217,7 @@ def peak_share(warmup_steps, total_steps, cooldown, shape="linear"):
     rates = steps / warmup_steps  # the warm-up; past it the rate only falls
     if cooldown:
         remaining = np.clip((total_steps - (steps - 1)) / cooldown, 0.0, 1.0)
-        rates *= 1.0 - np.sqrt(1.0 - remaining) if shape == "1-sqrt" else remaining
+        rates *= cooldown_multiplier(remaining, shape, np.sqrt)
     return float(rates.max()) if len(rates) else 0.0
 
 

@@ -227,6 +227,9 @@ def test_a_run_too_short_for_its_warmup_says_so_and_how_to_fix_it(config, tmp_pa
     long_warmup = warmup_warning(config.replace(warmup_steps=4000, epochs=10, lr_cooldown=1.0),
                                  400)
     assert "25%" in long_warmup  # max over t of t/4000 x (4000 - t + 1)/4000, at t = 2000
+    # A 1-sqrt cooldown falls faster at first: 15% of the peak (t/4000 x (1 - sqrt(p))).
+    assert "15%" in warmup_warning(config.replace(warmup_steps=4000, epochs=10, lr_cooldown=1.0,
+                                                  lr_cooldown_shape="1-sqrt"), 400)
 
     _train(config.replace(warmup_steps=400, steps_per_epoch=None), tmp_path / "short")
     assert "warmup_steps=400" in capsys.readouterr().err
