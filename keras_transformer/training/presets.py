@@ -11,8 +11,8 @@ import typing
 PRECISIONS = (None, "mixed_bfloat16", "mixed_float16", "auto")
 # SentencePiece normalization rules a vocabulary may be trained with (`normalization`).
 NORMALIZATIONS = ("nmt_nfkc", "nfkc", "identity")
-# How the learning rate falls over a cooldown (`lr_cooldown_shape`, `TransformerSchedule`),
-# `p` going from 0 to 1 over its updates: times `1 - p`, or times `1 - sqrt(p)`.
+# The shapes of the learning-rate cooldown (`lr_cooldown_shape`): `schedules.COOLDOWN_SHAPES`,
+# not imported (this module loads no TensorFlow, and export's modules load the schedule).
 COOLDOWN_SHAPES = ("linear", "1-sqrt")
 # The most segmentations SentencePiece samples from (`subword_nbest`): `nbest_encode`'s limit,
 # `text.subword_sampling.MAX_NBEST` (not imported: this module loads no TensorFlow).

@@ -8,7 +8,9 @@ import keras
 import numpy as np
 from keras import ops
 
-from keras_transformer.training.presets import COOLDOWN_SHAPES
+# How the rate falls over a cooldown (`TransformerSchedule`'s `cooldown_shape`), `p` going
+# from 0 to 1 over its updates: times `1 - p`, or times `1 - sqrt(p)`.
+COOLDOWN_SHAPES = ("linear", "1-sqrt")
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")

@@ -66,6 +66,10 @@ def test_config_lr_cooldown_shape_becomes_the_schedules_shape():
     assert model.optimizer._learning_rate.cooldown_shape == "1-sqrt"
     with pytest.raises(ValueError, match="lr_cooldown_shape"):
         get_preset("tiny").replace(lr_cooldown_shape="cosine")
+    # The config's list is the schedule's (a copy: the config's module loads no TensorFlow).
+    from keras_transformer.training import presets, schedules
+
+    assert presets.COOLDOWN_SHAPES == schedules.COOLDOWN_SHAPES
 
 
 @pytest.mark.parametrize("policy", ["float32", "mixed_float16"])
