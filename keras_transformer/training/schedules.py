@@ -145,8 +145,8 @@ class TransformerSchedule(keras.optimizers.schedules.LearningRateSchedule):
             return rate
         total_steps, cooldown_steps = self._run_length[0], self._run_length[1]
         # `step - 1` is the 0-based iteration: the last update keeps 1/cooldown_steps.
-        remaining = ops.clip((total_steps - (step - 1.0)) / cooldown_steps, 0.0, 1.0)
-        return rate * cooldown_multiplier(remaining, self.cooldown_shape, ops.sqrt)
+        return rate * cooldown_multiplier(step - 1.0, total_steps, cooldown_steps,
+                                          self.cooldown_shape)
 
     def get_config(self):
         config = {
@@ -160,19 +160,22 @@ class TransformerSchedule(keras.optimizers.schedules.LearningRateSchedule):
         return config
 
 
-def cooldown_multiplier(remaining, shape, sqrt):
-    """The cooldown's multiplier of the rate, from the linear one `remaining` (1 where the
-    cooldown begins, 0 where it ends): `remaining` itself (`"linear"`), or `1 - sqrt(1 -
-    remaining)` (`"1-sqrt"`), computed as `remaining / (1 + sqrt(1 - remaining))`, which
-    keeps its precision near the end of a long cooldown. `sqrt` is `ops.sqrt` or `np.sqrt`.
+def cooldown_multiplier(iterations, total_steps, cooldown_steps, shape, xp=ops):
+    """The cooldown's multiplier of the rate at 0-based `iterations` (`TransformerSchedule`;
+    `trainer.peak_share` computes it with NumPy). The linear one, `m = (total_steps -
+    iterations) / cooldown_steps` clipped to [0, 1] (1 before the cooldown, 0 past its end),
+    is the multiplier itself (`"linear"`), or gives `1 - sqrt(1 - m)` (`"1-sqrt"`), computed
+    as `m / (1 + sqrt(1 - m))`, which keeps its precision near the end of a long cooldown.
+    `xp` is `keras.ops` or `numpy`.
 
     Example:
 
-    >>> cooldown_multiplier(0.75, "1-sqrt", math.sqrt)
-    0.5
+    >>> round(float(cooldown_multiplier(95, 100, 20, "1-sqrt", np)), 4)  # m = 0.25
+    0.134
     """
+    remaining = xp.clip((total_steps - iterations) / cooldown_steps, 0.0, 1.0)
     if shape == "1-sqrt":
-        return remaining / (1.0 + sqrt(1.0 - remaining))
+        return remaining / (1.0 + xp.sqrt(1.0 - remaining))
     return remaining
 
 

@@ -1216,8 +1216,7 @@ def peak_share(warmup_steps, total_steps, cooldown, shape="linear"):
     steps = np.arange(1, min(total_steps, warmup_steps) + 1, dtype=np.float64)  # from 1
     rates = steps / warmup_steps  # the warm-up; past it the rate only falls
     if cooldown:
-        remaining = np.clip((total_steps - (steps - 1)) / cooldown, 0.0, 1.0)
-        rates *= cooldown_multiplier(remaining, shape, np.sqrt)
+        rates *= cooldown_multiplier(steps - 1, total_steps, cooldown, shape, np)
     return float(rates.max()) if len(rates) else 0.0
 
 

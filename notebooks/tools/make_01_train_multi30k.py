@@ -47,6 +47,7 @@ from keras_transformer.export import DecodingConfig, Translator
 from keras_transformer.text import train_tokenizers
 from keras_transformer.training import (MaskedAccuracy, MaskedSparseCategoricalCrossentropy,
                                         get_preset, make_optimizer)
+from keras_transformer.training.schedules import cooldown_steps
 
 plt.rcParams["figure.dpi"] = 72      # small PNGs in the committed notebook
 config = get_preset(PRESET).replace(epochs=EPOCHS, train_subset=TRAIN_SUBSET, steps_per_epoch=None)
@@ -102,7 +103,7 @@ code("""model = build_transformer(vocab_size=tokenizer.vocab_size, d_model=confi
                           norm_first=config.norm_first, tie_embeddings=config.tie_embeddings)
 steps_per_epoch = int(train_ds.reduce(0, lambda count, batch: count + 1))  # one pass
 total_steps = config.epochs * steps_per_epoch
-cooldown = round(config.lr_cooldown * total_steps)
+cooldown = cooldown_steps(config.lr_cooldown, total_steps)  # the last 30%
 model.compile(optimizer=make_optimizer(config.d_model, config.warmup_steps, scale=config.lr_scale,
                                        total_steps=total_steps if cooldown else None,
                                        cooldown_steps=cooldown,
