@@ -51,6 +51,8 @@ setup(
             "ctranslate2>=4.5,<5",
         ],
         "serving": ["requests>=2.31"],
+        # `keras-transformer export-ctranslate2` and its models in translate/evaluate.
+        "ctranslate2": ["ctranslate2>=4.5,<5"],
     },
     entry_points={
         "console_scripts": ["keras-transformer=keras_transformer.cli:main"],

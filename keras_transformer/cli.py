@@ -1,4 +1,5 @@
-"""Command line: `keras-transformer train | export | translate | evaluate | average | launch`.
+"""Command line: `keras-transformer train | export | export-ctranslate2 | translate | evaluate |
+average | launch`.
 
 Also `python -m keras_transformer ...`. Each subcommand prints `--help`.
 """
@@ -6,6 +7,7 @@ Also `python -m keras_transformer ...`. Each subcommand prints `--help`.
 import argparse
 import contextlib
 import json
+import math
 import os
 import pathlib
 import re
@@ -473,6 +475,55 @@ def cmd_export(args):
     print(f"  from checkpoint {checkpoint['checkpoint']} ({checkpoint['checkpoint_path']})")
 
 
+def cmd_export_ctranslate2(args):
+    from keras_transformer.export import ctranslate2_converter as converter
+
+    out = pathlib.Path(args.out)
+    try:  # the quick refusals before the model loads
+        converter.import_ctranslate2()
+        if out.exists() and not (out.is_dir() and not any(out.iterdir())):
+            raise FileExistsError(f"--out {out} exists and is not an empty directory: give a "
+                                  "new one.")
+    except (ImportError, FileExistsError) as error:
+        raise SystemExit(f"keras-transformer export-ctranslate2: {error}") from None
+    if not (math.isfinite(args.alpha) and args.alpha >= 0):
+        raise SystemExit(f"keras-transformer export-ctranslate2: --alpha must be a number >= 0, "
+                         f"got {args.alpha}.")
+    checkpoint = _checkpoint_record(args.model, args.checkpoint)
+    sentences = None
+    if args.check_sentences:
+        from keras_transformer.export.run import data_spec, read_split
+
+        config = json.loads((pathlib.Path(args.model) / "config.json").read_text())
+        try:
+            sentences = read_split(data_spec(config), "validation", local_dir=args.data_dir,
+                                   tfds_dir=args.tfds_dir, limit=args.check_sentences)[0]
+        except (OSError, ValueError) as error:
+            print(f"Note: the run's validation sentences cannot be read ({error}); the "
+                  "conversion is not checked against our model (--data-dir or --tfds-dir "
+                  "tell where they are).", file=sys.stderr, flush=True)
+    settings = {"decoding": {"beam_size": args.beam_size, "length_penalty": args.alpha,
+                             "max_input_length": args.max_input_length,
+                             "max_output_length": args.max_output_length}, **checkpoint}
+    try:
+        path, check = converter.convert_run(args.model, out, args.checkpoint,
+                                            check_sentences=sentences, metadata=settings)
+    except (OSError, ValueError) as error:
+        raise SystemExit(f"keras-transformer export-ctranslate2: {error}") from None
+    print(f"Converted checkpoint {checkpoint['checkpoint']} ({checkpoint['checkpoint_path']}) "
+          f"into a CTranslate2 model: {path}")
+    if check is not None:
+        print(f"  greedy check on {len(sentences)} validation sentences: {check['same']} of "
+              f"{check['compared']} translations the same in both engines"
+              + ("" if check["compared"] else " (none ended within the length bound: "
+                 "nothing compared; the model may be undertrained)"))
+    quoted = shlex.quote(str(path))
+    print(f"  translate: keras-transformer translate --export {quoted} [--compute-type int8] "
+          f"(beam {args.beam_size}, length penalty {args.alpha}); score: keras-transformer "
+          f"evaluate --export {quoted}; in Python: keras_transformer.export."
+          "ctranslate2_translator.CTranslate2Translator")
+
+
 def _checkpoint_record(run_dir, requested):
     """The export metadata saying which checkpoint is exported; warns when not `requested`."""
     from keras_transformer.export.run import resolve_checkpoint
@@ -612,9 +663,9 @@ def _exit_on(signum, frame):
 def cmd_translate(args):
     from keras_transformer.export.inference import (
         IDLE_SECONDS,
-        ExportedTranslator,
         count_lines,
         iter_lines,
+        open_translator,
     )
 
     if args.output == "-":  # as `--input -` is the standard input
@@ -631,7 +682,11 @@ def cmd_translate(args):
     total = None  # a missing file fails now; a pipe (`<(zcat f.gz)`) is read once, uncounted
     if args.input != "-" and stat.S_ISREG(os.stat(args.input).st_mode):
         total = count_lines(args.input)
-    translator = ExportedTranslator(args.export, signature=args.signature)
+    try:
+        translator = open_translator(args.export, signature=args.signature,
+                                     compute_type=args.compute_type)
+    except (ImportError, ValueError) as error:
+        raise SystemExit(f"keras-transformer translate: {error}") from None
     progress = _progress_bar(args, total)
     handlers = {}
     if destination:
@@ -730,14 +785,16 @@ def _report_cut_lines(export, cut, lines, unfinished=()):
               f"translating: lines {_shown_lines(cut)}. Split them into sentences, or export "
               "with a larger --max-input-length.", file=sys.stderr, flush=True)
     if unfinished:
-        limit = (f"min(source tokens + {decoding['extra_length']}, "
-                 f"{decoding['max_output_length']})"
-                 if {"extra_length", "max_output_length"} <= set(decoding) else "its")
+        # A CTranslate2 model's bound is max_output_length alone (no extra_length).
+        limit, flags = (f"min(source tokens + {decoding['extra_length']}, "
+                        f"{decoding['max_output_length']})", "--max-output-length or "
+                        "--extra-length") if {"extra_length", "max_output_length"} <= set(
+                            decoding) else (decoding.get("max_output_length", "its"),
+                                            "--max-output-length")
         print(f"{len(unfinished)} of {lines} translations reached the export's length limit "
               f"({limit} tokens) before their end and are cut short: lines "
-              f"{_shown_lines(list(unfinished))}. Export with a larger --max-output-length or "
-              "--extra-length (or look for a translation that repeats itself).",
-              file=sys.stderr, flush=True)
+              f"{_shown_lines(list(unfinished))}. Export with a larger {flags} (or look for a "
+              "translation that repeats itself).", file=sys.stderr, flush=True)
 
 
 def _read_parallel(source_path, reference_path):
@@ -877,7 +934,9 @@ def _translate_and_report(args, sources, references, target_lang=None):
         scores = evaluate_export(args.export, sources, references, batch_size=args.batch_size,
                                  signature=args.signature,
                                  on_batch=progress.update if progress else None,
-                                 target_lang=target_lang)
+                                 target_lang=target_lang, compute_type=args.compute_type)
+    except (ImportError, ValueError) as error:  # a setting the export does not take
+        raise SystemExit(f"keras-transformer evaluate: {error}") from None
     finally:
         if progress:
             progress.close()
@@ -909,11 +968,16 @@ def _translate_and_report(args, sources, references, target_lang=None):
         pathlib.Path(args.json).write_text(json.dumps(scores, indent=2))
 
 
+COMPUTE_TYPE_HELP = ("an --export written by export-ctranslate2: CTranslate2's computation "
+                     "type (int8 is faster on CPU; default: as saved, float32)")
+
+
 def build_parser():
     from keras_transformer.decoding import LENGTH_PENALTY_FORMS
     from keras_transformer.export.translator import BEAM_STOPPING, SEARCHES
 
-    parser = argparse.ArgumentParser(prog="keras-transformer", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="keras-transformer",
+                                     description=" ".join(__doc__.split("\n\n")[0].split()))
     sub = parser.add_subparsers(dest="command", required=True)
 
     train = sub.add_parser(
@@ -1055,14 +1119,47 @@ def build_parser():
                         "on CPUs with AVX-512 BF16 or AMX and oneDNN (benchmarks/RESULTS.md)")
     export.set_defaults(func=cmd_export)
 
+    ct2 = sub.add_parser(
+        "export-ctranslate2", help="convert a run's checkpoint into a CTranslate2 model "
+        "(needs pip install keras-transformer[ctranslate2])",
+        description="Writes CTranslate2's model files with the SentencePiece models and the "
+        "settings beside them, for keras_transformer.export.ctranslate2_converter."
+        "CTranslate2Translator: the same weights decoded by CTranslate2's C++ engine, faster "
+        "than the SavedModel on CPU (benchmarks/RESULTS.md). Written only after the two "
+        "engines' greedy translations of the run's validation sentences agree.")
+    ct2.add_argument("--model", required=True, help="run directory from `train`")
+    ct2.add_argument("--out", required=True, help="directory to create (absent or empty)")
+    ct2.add_argument("--checkpoint", default="best",
+                     choices=["best", "final", "last", "averaged"])
+    ct2.add_argument("--beam-size", type=_count, default=4,
+                     help="the translator's default beam (default %(default)s; 1 = greedy)")
+    ct2.add_argument("--alpha", type=float, default=1.0,
+                     help="the translator's default length penalty, CTranslate2's form: "
+                     "log_prob / length ** alpha (default %(default)s; choose it on "
+                     "validation with benchmarks/choose_on_validation.py "
+                     "--length-penalty-forms power)")
+    ct2.add_argument("--max-input-length", type=_count, default=128,
+                     help="source tokens (END included) kept (default %(default)s)")
+    ct2.add_argument("--max-output-length", type=_count, default=128,
+                     help="target tokens at most (default %(default)s)")
+    ct2.add_argument("--check-sentences", type=_count_or_zero, default=100,
+                     help="validation sentences whose greedy translations must agree in both "
+                     "engines before anything is written (default %(default)s; 0: no check)")
+    ct2.add_argument("--data-dir", help="directory with the raw Multi30K files")
+    ct2.add_argument("--tfds-dir", help="TFDS data_dir of a tfds:NAME source")
+    ct2.set_defaults(func=cmd_export_ctranslate2)
+
     translate = sub.add_parser(
         "translate", help="translate lines with an exported SavedModel (for a running TF "
-        "Serving server use export/client.py)")
-    translate.add_argument("--export", required=True, help="SavedModel version dir or base dir")
+        "Serving server use export/client.py) or a CTranslate2 model")
+    translate.add_argument("--export", required=True, help="SavedModel version dir or base "
+                           "dir, or a directory export-ctranslate2 wrote")
     translate.add_argument("--input", default="-", help="file of sentences (default stdin)")
     translate.add_argument("--output", help="file for translations, gzip-compressed when it "
                            "ends in .gz, written once whole (default, or -: stdout)")
-    translate.add_argument("--signature", default="translate")
+    translate.add_argument("--signature", default="translate",
+                           help="translate (the export's search) or translate_greedy")
+    translate.add_argument("--compute-type", help=COMPUTE_TYPE_HELP)
     translate.add_argument("--batch-size", type=_count, default=64)
     translate.add_argument("--progress", action=argparse.BooleanOptionalAction,
                            help="progress bar on stderr (default: when --input is a file, "
@@ -1070,8 +1167,10 @@ def build_parser():
                            "with a pipe or stdin: a count of the sentences done)")
     translate.set_defaults(func=cmd_translate)
 
-    evaluate = sub.add_parser("evaluate", help="BLEU and chrF of an export")
-    evaluate.add_argument("--export", required=True)
+    evaluate = sub.add_parser("evaluate", help="BLEU and chrF of an export (a SavedModel or a "
+                              "CTranslate2 model)")
+    evaluate.add_argument("--export", required=True, help="SavedModel version dir or base dir, "
+                          "or a directory export-ctranslate2 wrote")
     evaluate.add_argument("--split", help="a test set of the data source the export was "
                           "trained on (e.g. test_2017_flickr, a --test NAME), validation, or "
                           "test (its first test set; the default)")
@@ -1081,7 +1180,9 @@ def build_parser():
     evaluate.add_argument("--target-lang", help="default: the export's target language")
     evaluate.add_argument("--data-dir", help="directory with the raw Multi30K files")
     evaluate.add_argument("--tfds-dir", help="TFDS data_dir of a tfds:NAME source")
-    evaluate.add_argument("--signature", default="translate")
+    evaluate.add_argument("--signature", default="translate",
+                          help="translate (the export's search) or translate_greedy")
+    evaluate.add_argument("--compute-type", help=COMPUTE_TYPE_HELP)
     evaluate.add_argument("--batch-size", type=_count, default=64)
     evaluate.add_argument("--limit", type=_count, help="only the first N sentences")
     evaluate.add_argument("--show", type=_count_or_zero, default=0, help="print N examples")

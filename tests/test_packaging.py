@@ -27,6 +27,16 @@ def test_the_bench_extra_installs_both_peers():
     assert "keras-hub" in bench and "ctranslate2" in bench, extras["bench"]
 
 
+def test_the_extra_the_ctranslate2_hint_names_installs_it():
+    import re
+
+    from keras_transformer.export.ctranslate2_translator import INSTALL_HINT
+
+    extras = {name: ast.literal_eval(value) for name, value in _extras_require()}
+    named = re.search(r"keras-transformer\[(\w+)\]", INSTALL_HINT)[1]
+    assert any(p.startswith("ctranslate2") for p in extras.get(named, [])), (named, extras)
+
+
 def _package_data():
     """`setup(package_data=...)` as a dict, `{}` without one."""
     for node in ast.walk(ast.parse(_SETUP.read_text())):

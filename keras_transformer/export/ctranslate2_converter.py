@@ -24,14 +24,32 @@ converter (`ctranslate2/converters/opennmt_tf.py`, the closest analogue):
   tokenizer does: `add_source_eos`), `<unk>` 3;
 - `layer_norm_epsilon` is ours (Keras' default 1e-3 differs from CTranslate2's 1e-6 default).
 
-`ctranslate2` is imported only when converting: it is a benchmark/test dependency (the
-`bench` extra), not a runtime one.
+A converted directory is self-contained: CTranslate2's `model.bin`, `config.json` and
+vocabularies, the SentencePiece models (`source.model`, `target.model`) and
+`keras_transformer.json` (the direction, the checkpoint and the decoding settings), so that
+`CTranslate2Translator(directory)` translates raw strings as our `translate` signature does.
+`keras-transformer export-ctranslate2` writes one from a run, after checking that the two
+engines' greedy translations agree on the run's validation sentences.
+
+`ctranslate2` is imported only when converting or translating: it is an optional dependency
+(`pip install keras-transformer[ctranslate2]`), not a runtime one.
 """
 
+import json
+import os
 import pathlib
+import shutil
 
 import numpy as np
 
+from keras_transformer.export.ctranslate2_translator import (
+    DEFAULT_SETTINGS,
+    SOURCE_MODEL_NAME,
+    TARGET_MODEL_NAME,
+    CTranslate2Translator,
+    import_ctranslate2,
+)
+from keras_transformer.export.inference import CTRANSLATE2_METADATA_NAME
 from keras_transformer.layers.positional_embedding import sinusoidal_encoding
 from keras_transformer.text import END_ID, PAD_ID, START_ID, UNK_ID
 
@@ -39,6 +57,9 @@ from keras_transformer.text import END_ID, PAD_ID, START_ID, UNK_ID
 SPECIAL_PIECES = {PAD_ID: "<pad>", START_ID: "<s>", END_ID: "</s>", UNK_ID: "<unk>"}
 # Positions in the converted table when the model has no learned table to bound them.
 DEFAULT_MAX_POSITIONS = 1024
+# The share of greedy translations the check needs the same in both engines: float32
+# kernels that sum in another order can flip a near-tie now and then.
+MIN_SAME_SHARE = 0.9
 
 
 def _weights_by_path(model):
@@ -107,6 +128,7 @@ def _position_table(read, embedding_name, d_model, max_positions):
 
 
 def _activation(name):
+    import_ctranslate2()
     from ctranslate2.specs import common_spec
 
     activations = {
@@ -151,6 +173,7 @@ def build_spec(model, source_tokenizer, target_tokenizer, max_positions=None):
     Returns:
         A validated `TransformerSpec` with vocabularies and configuration.
     """
+    import_ctranslate2()
     from ctranslate2.specs import transformer_spec
 
     encoder_config = model.get_layer("encoder").get_config()
@@ -215,8 +238,8 @@ def build_spec(model, source_tokenizer, target_tokenizer, max_positions=None):
 
 
 def convert(model, source_tokenizer, target_tokenizer, output_dir, quantization=None,
-            max_positions=None):
-    """Writes a CTranslate2 model directory for `ctranslate2.Translator(output_dir)`.
+            max_positions=None, metadata=None):
+    """Writes a self-contained CTranslate2 model directory for `CTranslate2Translator`.
 
     Args:
         model: a `keras.Model` from `build_transformer`.
@@ -224,31 +247,132 @@ def convert(model, source_tokenizer, target_tokenizer, output_dir, quantization=
         target_tokenizer: `SubwordTokenizer` of the target language (may be the same).
         output_dir: str or path-like, the directory to write (created; must not hold a model).
         quantization: str or None, CTranslate2 weight type ("int8", "float16", ...).
-            Defaults to `None` (float32).
+            Defaults to `None` (float32; CTranslate2 can still compute in int8 when it
+            loads it: `compute_type`).
         max_positions: int or None, see `build_spec`.
+        metadata: dict or None, written into `keras_transformer.json`; its `"decoding"`
+            dict sets `CTranslate2Translator`'s defaults (those of `DEFAULT_SETTINGS` it
+            leaves out kept). Defaults to `None`.
 
     Returns:
-        `pathlib.Path` of `output_dir`, holding `model.bin`, `config.json` and the
-        vocabularies.
+        `pathlib.Path` of `output_dir`, holding `model.bin`, `config.json`, the
+        vocabularies, `source.model`, `target.model` and `keras_transformer.json`.
+
+    Raises:
+        FileExistsError: when `output_dir` already holds a `model.bin`.
 
     Example (needs a trained run, so not a doctest):
 
         model, src_tok, tgt_tok, _ = load_run("runs/quick")
         path = convert(model, src_tok, tgt_tok, "runs/quick/ctranslate2")
-        ctranslate2.Translator(str(path)).translate_batch([["▁A", "▁dog", "▁runs", "."]])
+        CTranslate2Translator(path)(["A dog runs."])
     """
+    output_dir = pathlib.Path(output_dir)
+    if (output_dir / "model.bin").exists():
+        raise FileExistsError(f"{output_dir} already holds a CTranslate2 model (model.bin).")
     spec = build_spec(model, source_tokenizer, target_tokenizer, max_positions=max_positions)
     spec.optimize(quantization=quantization)
-    output_dir = pathlib.Path(output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
     spec.save(str(output_dir))
+    shutil.copyfile(source_tokenizer.model_path, output_dir / SOURCE_MODEL_NAME)
+    shutil.copyfile(target_tokenizer.model_path, output_dir / TARGET_MODEL_NAME)
+    metadata = dict(metadata or {})
+    decoding = {**DEFAULT_SETTINGS, **metadata.pop("decoding", {})}
+    record = {"quantization": quantization, **metadata, "decoding": decoding}
+    (output_dir / CTRANSLATE2_METADATA_NAME).write_text(json.dumps(record, indent=2) + "\n")
     return output_dir
 
 
-def convert_run(run_dir, output_dir, checkpoint="best", quantization=None):
-    """`convert` for a training run directory's checkpoint (see `load_run`)."""
-    from keras_transformer.export.run import load_run
+def compare_greedy(model, source_tokenizer, target_tokenizer, directory, sentences,
+                   batch_size=32):
+    """Greedy translations of `sentences` by our model and by the converted `directory`.
 
-    model, source_tokenizer, target_tokenizer, _ = load_run(run_dir, checkpoint)
-    return convert(model, source_tokenizer, target_tokenizer, output_dir,
-                   quantization=quantization)
+    Returns:
+        dict: `compared` (sentences whose translation ended within our export's bound, the
+        ones both engines can agree on), `same` (of those, identical in both engines),
+        `examples` (up to 3 `(source, ours, theirs)` that differ).
+    """
+    import tensorflow as tf
+
+    from keras_transformer.export.translator import DecodingConfig, Translator
+
+    theirs_translator = CTranslate2Translator(directory, signature="translate_greedy")
+    ours_translator = Translator(model, source_tokenizer, target_tokenizer, DecodingConfig(
+        search="greedy", max_output_length=theirs_translator.max_output_length,
+        max_input_length=theirs_translator.max_input_length))
+    compared = same = 0
+    examples = []
+    for start in range(0, len(sentences), batch_size):
+        batch = sentences[start:start + batch_size]
+        outputs = ours_translator.translate(tf.constant(batch))
+        ours = [t.decode("utf-8") for t in outputs["translation"].numpy()]
+        theirs = theirs_translator(batch)
+        for source, a, b, unfinished in zip(batch, ours, theirs, outputs["unfinished"].numpy()):
+            if unfinished:  # cut by our export's source-relative bound, which CTranslate2 lacks
+                continue
+            compared += 1
+            if a == b:
+                same += 1
+            elif len(examples) < 3:
+                examples.append((source, a, b))
+    return {"compared": compared, "same": same, "examples": examples}
+
+
+def convert_run(run_dir, output_dir, checkpoint="best", check_sentences=None, metadata=None):
+    """Converts a run's checkpoint (see `load_run`) into `output_dir`, written whole or not
+    at all: staged beside it and renamed into place once converted and checked.
+
+    Args:
+        run_dir: str or path-like, a run directory of `train`.
+        output_dir: str or path-like, the directory to create (absent or empty).
+        checkpoint: `"best"`, `"final"`, `"last"` or `"averaged"`. Defaults to `"best"`.
+        check_sentences: list of str or None, sentences whose greedy translations must be
+            the same in both engines (at least `MIN_SAME_SHARE` of them). Defaults to
+            `None` (no check).
+        metadata: dict or None, more entries for `keras_transformer.json`.
+
+    Returns:
+        `(path, check)`: the directory, and `compare_greedy`'s dict (None without a check).
+
+    Raises:
+        FileExistsError: when `output_dir` exists and is not an empty directory.
+        ValueError: when the check fails (nothing is written).
+    """
+    from keras_transformer.export.run import load_run
+    from keras_transformer.textfiles import flush_to_disk, partial_path, remove_stale_partials
+
+    output_dir = pathlib.Path(output_dir)
+    if output_dir.exists() and not (output_dir.is_dir() and not any(output_dir.iterdir())):
+        raise FileExistsError(f"{output_dir} exists and is not an empty directory: give a new "
+                              "one.")
+    if not output_dir.parent.is_dir():
+        raise FileNotFoundError(f"The directory {output_dir.parent} does not exist.")
+    import_ctranslate2()  # before the model loads
+    model, source_tokenizer, target_tokenizer, config = load_run(run_dir, checkpoint)
+    remove_stale_partials(output_dir.parent)
+    staging = partial_path(output_dir)
+    # The direction and the training configuration, as an export records them: `evaluate`
+    # finds the run's data and languages in them.
+    record = {"source_lang": config.get("source_lang"), "target_lang": config.get("target_lang"),
+              **(metadata or {}), "training_config": config}
+    try:
+        convert(model, source_tokenizer, target_tokenizer, staging, metadata=record)
+        check = None
+        if check_sentences is not None:
+            check = compare_greedy(model, source_tokenizer, target_tokenizer, staging,
+                                   list(check_sentences))
+            if check["same"] < MIN_SAME_SHARE * check["compared"]:
+                shown = "\n".join(f"  SRC: {s}\n  OURS: {a}\n  CTRANSLATE2: {b}"
+                                  for s, a, b in check["examples"])
+                raise ValueError(
+                    f"The converted model's greedy translations differ from ours in "
+                    f"{check['compared'] - check['same']} of {check['compared']} sentences "
+                    f"(at most {1 - MIN_SAME_SHARE:.0%} may, from float rounding): the "
+                    f"conversion is not faithful, nothing was written. For example:\n{shown}")
+        for file in staging.iterdir():
+            flush_to_disk(file)
+        os.replace(staging, output_dir)  # over an empty directory too
+        flush_to_disk(output_dir.parent)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return output_dir, check

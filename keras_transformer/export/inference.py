@@ -35,6 +35,8 @@ INPUT_NAME = "text"
 OUTPUT_NAMES = ("translation", "score", "length", "truncated", "unfinished")
 # Where `export_translator` records the decoding settings.
 METADATA_PATH = pathlib.Path("assets.extra") / "translator.json"
+# Where `keras-transformer export-ctranslate2` records them beside a CTranslate2 model.
+CTRANSLATE2_METADATA_NAME = "keras_transformer.json"
 # Batches read ahead and sorted by length together (CTranslate2's `max_batch_size * 16`
 # read buffer, Marian's maxi-batch): long enough to group similar lengths, short enough to
 # stream output soon.
@@ -73,17 +75,48 @@ def as_bytes(sentence):
     raise TypeError(f"Expected str or bytes sentences, got {type(sentence).__name__}.")
 
 
+def is_ctranslate2_model(path):
+    """Whether `path` is a CTranslate2 model directory `keras-transformer export-ctranslate2`
+    wrote (CTranslate2's `model.bin` with our record beside it)."""
+    path = pathlib.Path(path)
+    return (path / "model.bin").is_file() and (path / CTRANSLATE2_METADATA_NAME).is_file()
+
+
+def open_translator(path, signature="translate", compute_type=None):
+    """The translator of an export: `ExportedTranslator` for a SavedModel (or a base
+    directory of versions), `CTranslate2Translator` for a CTranslate2 model directory.
+
+    Args:
+        path: str or path-like, the export.
+        signature: str, `"translate"` (the export's search) or `"translate_greedy"`; a
+            SavedModel's other signatures too. Defaults to `"translate"`.
+        compute_type: str or None, CTranslate2's computation type (`"int8"`, ...); None
+            for a SavedModel, which refuses any other. Defaults to `None`.
+    """
+    if is_ctranslate2_model(path):
+        from keras_transformer.export.ctranslate2_translator import CTranslate2Translator
+
+        return CTranslate2Translator(path, signature=signature,
+                                     compute_type=compute_type or "default")
+    if compute_type is not None:
+        raise ValueError(f"compute_type={compute_type!r} is a setting of CTranslate2 models; "
+                         f"{path} is not one (keras-transformer export-ctranslate2 writes them).")
+    return ExportedTranslator(path, signature=signature)
+
+
 def read_export_metadata(path):
     """The record `export_translator` wrote (`assets.extra/translator.json`), without loading
-    the SavedModel.
+    the SavedModel; a CTranslate2 model's (`keras_transformer.json`).
 
     Args:
         path: str or path-like, a SavedModel or a base directory of versions (its highest
-            version is read).
+            version is read), or a CTranslate2 model directory.
 
     Returns:
         dict, `{}` when the export has no record.
     """
+    if is_ctranslate2_model(path):
+        return json.loads((pathlib.Path(path) / CTRANSLATE2_METADATA_NAME).read_text())
     record = latest_version_dir(path) / METADATA_PATH
     return json.loads(record.read_text()) if record.is_file() else {}
 
@@ -122,70 +155,10 @@ def translate_by_length(sentences, batch_size, translate_batch, on_batch=None):
     return results
 
 
-class ExportedTranslator:
-    """An exported translator loaded for inference in Python.
-
-    Loads a SavedModel written by `export_translator` (a version directory, or a base
-    directory whose highest integer version is taken) and calls one of its signatures on
-    batches of sentences. Only `tensorflow` and `tensorflow_text` are needed: the tokenizer,
-    the encoder, the cached decoder and the search are all inside the graph.
-
-    Args:
-        path: str or path-like, a SavedModel directory or a base directory of versions.
-        signature: str, the signature to call: `"translate"` (the export-time search, also
-            `"serving_default"`) or `"translate_greedy"` (present unless the export-time
-            search is greedy). Defaults to `"translate"`.
-
-    Raises:
-        FileNotFoundError: when `path` is neither a SavedModel nor a base directory.
-        ValueError: when the SavedModel has no signature `signature`, or one that takes
-            other inputs than a batch of sentences (`metadata`, `translate_seeded`).
-
-    Example:
-    >>> from keras_transformer import build_transformer
-    >>> from keras_transformer.text import train_tokenizers
-    >>> pairs = {"en": ["A dog runs.", "Two dogs play in the snow."] * 20,
-    ...          "de": ["Ein Hund rennt.", "Zwei Hunde spielen im Schnee."] * 20}
-    >>> tokenizer, _ = train_tokenizers(pairs, vocab_size=290, output_dir="vocab")
-    >>> model = build_transformer(vocab_size=tokenizer.vocab_size, d_model=16,
-    ...                           num_heads=2, ff_dim=32, num_layers=1)
-    >>> from keras_transformer.export import DecodingConfig, Translator, export_translator
-    >>> path = export_translator(Translator(model, tokenizer, tokenizer,
-    ...                          DecodingConfig(max_output_length=8)), "export")
-    >>> translator = ExportedTranslator("export")  # the highest version: export/1
-    >>> results = translator.translate(["A dog runs."])
-    >>> translator.version, sorted(results[0])
-    (1, ['length', 'score', 'translation', 'truncated', 'unfinished'])
-    """
-
-    def __init__(self, path, signature="translate"):
-        self.path = latest_version_dir(path)
-        self.signature = signature
-        self._loaded = tf.saved_model.load(str(self.path))
-        if signature not in self._loaded.signatures:
-            raise ValueError(
-                f"{self.path} has no signature {signature!r}; it has "
-                f"{sorted(self._loaded.signatures.keys())}."
-            )
-        self._function = self._loaded.signatures[signature]
-        inputs = sorted(self._function.structured_input_signature[1])
-        if inputs != [INPUT_NAME]:
-            usable = sorted(name for name, function in self._loaded.signatures.items()
-                            if sorted(function.structured_input_signature[1]) == [INPUT_NAME])
-            raise ValueError(
-                f"The signature {signature!r} of {self.path} takes the inputs {inputs}, not one "
-                f"batch of sentences ({INPUT_NAME!r}): translate with one of {usable}."
-            )
-
-    @property
-    def version(self):
-        """int or None, the version number when the directory is named after one."""
-        return int(self.path.name) if self.path.name.isdigit() else None
-
-    @property
-    def metadata(self):
-        """dict, the record `export_translator` wrote (decoding settings...), `{}` if none."""
-        return read_export_metadata(self.path)
+class BatchTranslator:
+    """Sentences in, one result dict per sentence out, in length-sorted batches: what
+    `ExportedTranslator` (a SavedModel) and `CTranslate2Translator` (a CTranslate2 model)
+    share. A subclass implements `_translate_batch(list of UTF-8 bytes) -> list of dicts`."""
 
     def translate(self, sentences, batch_size=64, sort_buffer_batches=SORT_BUFFER_BATCHES,
                   on_batch=None):
@@ -260,6 +233,79 @@ class ExportedTranslator:
                                                on_batch)
 
     def _translate_batch(self, batch):
+        raise NotImplementedError
+
+    def __call__(self, sentences, batch_size=64):
+        """Translates sentences; returns only the translations, a list of str."""
+        return [r["translation"] for r in self.translate(sentences, batch_size=batch_size)]
+
+
+class ExportedTranslator(BatchTranslator):
+    """An exported translator loaded for inference in Python.
+
+    Loads a SavedModel written by `export_translator` (a version directory, or a base
+    directory whose highest integer version is taken) and calls one of its signatures on
+    batches of sentences. Only `tensorflow` and `tensorflow_text` are needed: the tokenizer,
+    the encoder, the cached decoder and the search are all inside the graph.
+
+    Args:
+        path: str or path-like, a SavedModel directory or a base directory of versions.
+        signature: str, the signature to call: `"translate"` (the export-time search, also
+            `"serving_default"`) or `"translate_greedy"` (present unless the export-time
+            search is greedy). Defaults to `"translate"`.
+
+    Raises:
+        FileNotFoundError: when `path` is neither a SavedModel nor a base directory.
+        ValueError: when the SavedModel has no signature `signature`, or one that takes
+            other inputs than a batch of sentences (`metadata`, `translate_seeded`).
+
+    Example:
+    >>> from keras_transformer import build_transformer
+    >>> from keras_transformer.text import train_tokenizers
+    >>> pairs = {"en": ["A dog runs.", "Two dogs play in the snow."] * 20,
+    ...          "de": ["Ein Hund rennt.", "Zwei Hunde spielen im Schnee."] * 20}
+    >>> tokenizer, _ = train_tokenizers(pairs, vocab_size=290, output_dir="vocab")
+    >>> model = build_transformer(vocab_size=tokenizer.vocab_size, d_model=16,
+    ...                           num_heads=2, ff_dim=32, num_layers=1)
+    >>> from keras_transformer.export import DecodingConfig, Translator, export_translator
+    >>> path = export_translator(Translator(model, tokenizer, tokenizer,
+    ...                          DecodingConfig(max_output_length=8)), "export")
+    >>> translator = ExportedTranslator("export")  # the highest version: export/1
+    >>> results = translator.translate(["A dog runs."])
+    >>> translator.version, sorted(results[0])
+    (1, ['length', 'score', 'translation', 'truncated', 'unfinished'])
+    """
+
+    def __init__(self, path, signature="translate"):
+        self.path = latest_version_dir(path)
+        self.signature = signature
+        self._loaded = tf.saved_model.load(str(self.path))
+        if signature not in self._loaded.signatures:
+            raise ValueError(
+                f"{self.path} has no signature {signature!r}; it has "
+                f"{sorted(self._loaded.signatures.keys())}."
+            )
+        self._function = self._loaded.signatures[signature]
+        inputs = sorted(self._function.structured_input_signature[1])
+        if inputs != [INPUT_NAME]:
+            usable = sorted(name for name, function in self._loaded.signatures.items()
+                            if sorted(function.structured_input_signature[1]) == [INPUT_NAME])
+            raise ValueError(
+                f"The signature {signature!r} of {self.path} takes the inputs {inputs}, not one "
+                f"batch of sentences ({INPUT_NAME!r}): translate with one of {usable}."
+            )
+
+    @property
+    def version(self):
+        """int or None, the version number when the directory is named after one."""
+        return int(self.path.name) if self.path.name.isdigit() else None
+
+    @property
+    def metadata(self):
+        """dict, the record `export_translator` wrote (decoding settings...), `{}` if none."""
+        return read_export_metadata(self.path)
+
+    def _translate_batch(self, batch):
         """One signature call: list of bytes -> list of result dicts."""
         outputs = self._function(**{INPUT_NAME: tf.constant(batch, tf.string)})
         translations = outputs["translation"].numpy().tolist()
@@ -280,10 +326,6 @@ class ExportedTranslator:
             for t, s, n, c, u in zip(translations, scores, lengths, flags["truncated"],
                                      flags["unfinished"])
         ]
-
-    def __call__(self, sentences, batch_size=64):
-        """Translates sentences; returns only the translations, a list of str."""
-        return [r["translation"] for r in self.translate(sentences, batch_size=batch_size)]
 
 
 def read_lines(path_or_dash, strict=False):
@@ -562,31 +604,32 @@ def evaluate_translations(hypotheses, references, target_lang=None, normalizatio
 
 
 def _export_normalization(translator):
-    """The normalization rule of an `ExportedTranslator`'s target vocabulary: its
-    SentencePiece model in `assets/` (`target.model` with separate vocabularies, else
-    `tokenizer.model`), else the run's configuration in its record, else `nmt_nfkc` (every
-    vocabulary's before the setting)."""
+    """The normalization rule of a translator's target vocabulary: its SentencePiece model
+    in a SavedModel's `assets/` or beside a CTranslate2 model (`target.model` with separate
+    vocabularies, else `tokenizer.model`), else the run's configuration in its record, else
+    `nmt_nfkc` (every vocabulary's before the setting)."""
     from keras_transformer.text import MODEL_FILENAME
     from keras_transformer.text.normalization import NORMALIZATION_RULE, model_normalization
     from keras_transformer.text.tokenizers import TARGET_FILENAME
 
-    assets = translator.path / "assets"
     for name in (TARGET_FILENAME, MODEL_FILENAME):
-        if (assets / name).is_file():
-            return model_normalization(assets / name)
+        for directory in (translator.path / "assets", translator.path):  # a CTranslate2 model's
+            if (directory / name).is_file():
+                return model_normalization(directory / name)
     return (translator.metadata.get("training_config") or {}).get("normalization",
                                                                   NORMALIZATION_RULE)
 
 
 def evaluate_export(path, sources, references, batch_size=64, signature="translate",
-                    on_batch=None, target_lang=None):
+                    on_batch=None, target_lang=None, compute_type=None):
     """Translates `sources` with an exported model, scores them and measures the speed.
 
     One sentence is translated before the clock starts, so one-time costs of the first call
     (graph optimization, resource creation) are not counted.
 
     Args:
-        path: str or path-like, a SavedModel or a base directory of versions.
+        path: str or path-like, a SavedModel or a base directory of versions, or a
+            CTranslate2 model directory (`open_translator`).
         sources: list of str, the sentences to translate.
         references: list of str, their reference translations.
         batch_size: int, sentences per call. Defaults to `64`.
@@ -596,6 +639,8 @@ def evaluate_export(path, sources, references, batch_size=64, signature="transla
             (`evaluate_translations`). Defaults to `None`: the target language the export
             records (its metadata or training configuration), as `keras-transformer
             evaluate` reads it.
+        compute_type: str or None, a CTranslate2 model's computation type (`"int8"`, ...).
+            Defaults to `None`.
 
     Returns:
         The dict of `evaluate_translations`, plus `seconds` (translation wall time),
@@ -611,7 +656,7 @@ def evaluate_export(path, sources, references, batch_size=64, signature="transla
             f"Got {len(sources)} sources and {len(references)} references; "
             "they must pair up line by line."
         )
-    translator = ExportedTranslator(path, signature=signature)
+    translator = open_translator(path, signature=signature, compute_type=compute_type)
     if sources:
         translator.translate(sources[:1])  # warm-up, not timed
     start = time.perf_counter()

@@ -6,6 +6,9 @@ trained copy model, the same greedy translation token for token; CTranslate2's b
 is ours with CTranslate2's length penalty (`length_penalty_form="power"`).
 """
 
+import json
+import re
+
 import keras
 import numpy as np
 import pytest
@@ -189,3 +192,105 @@ def test_vocabulary_is_the_pieces_in_id_order(copy_task):
     assert pieces[:4] == ["<pad>", "<s>", "</s>", "<unk>"]
     assert len(pieces) == copy_task.tokenizer.vocab_size
     assert copy_task.tokenizer.piece_to_id(pieces).numpy().tolist() == list(range(len(pieces)))
+
+
+@pytest.fixture(scope="module")
+def copy_run(copy_task, tmp_path_factory):
+    """The copy model as a run directory of `train` (final model, vocabulary, config) whose
+    validation split is the held-out sentences (in an en -> de direction: a copy task)."""
+    import json
+    import shutil
+
+    root = tmp_path_factory.mktemp("copy_run")
+    run = root / "run"
+    (run / "tokenizer").mkdir(parents=True)
+    shutil.copyfile(copy_task.tokenizer.model_path, run / "tokenizer" / "tokenizer.model")
+    copy_task.model.save(run / "model.keras")
+    files = {}
+    for split, sentences in (("train", copy_task.train[:50]), ("valid", copy_task.held_out)):
+        files[split] = []
+        for lang in ("en", "de"):
+            path = root / f"{split}.{lang}"
+            path.write_text("\n".join(sentences) + "\n")
+            files[split].append(str(path))
+    config = {"data": "files", "source_lang": "en", "target_lang": "de",
+              "data_files": {"train": files["train"], "validation": files["valid"]}}
+    (run / "config.json").write_text(json.dumps(config))
+    return run
+
+
+@pytest.mark.slow
+def test_export_ctranslate2_checks_then_writes_what_translate_and_evaluate_take(
+        copy_run, copy_task, tmp_path, capsys):
+    from keras_transformer import cli
+
+    out = tmp_path / "ct2"
+    cli.main(["export-ctranslate2", "--model", str(copy_run), "--out", str(out),
+              "--check-sentences", "20", "--beam-size", "3", "--alpha", "0.8"])
+    printed = capsys.readouterr().out
+    check = re.search(r"greedy check on 20 validation sentences: (\d+) of (\d+) translations "
+                      "the same in both engines", printed)
+    assert check and int(check[2]) >= 18 and int(check[1]) >= 0.9 * int(check[2]), printed
+    record = json.loads((out / "keras_transformer.json").read_text())
+    assert record["decoding"] == {"beam_size": 3, "length_penalty": 0.8,
+                                  "max_input_length": 128, "max_output_length": 128}
+    assert (record["checkpoint"], record["source_lang"], record["target_lang"]) == (
+        "final", "en", "de")
+    assert not [p.name for p in tmp_path.iterdir() if p.name != "ct2"]  # no staging left
+
+    source, output = tmp_path / "in.en", tmp_path / "out.de"
+    source.write_text("\n".join(copy_task.held_out[:6]) + "\n")
+    cli.main(["translate", "--export", str(out), "--input", str(source), "--output",
+              str(output), "--compute-type", "int8"])
+    # Beam 3 of the record, in int8: what the Python translator gives with these settings.
+    from keras_transformer.export.ctranslate2_translator import CTranslate2Translator
+
+    expected = CTranslate2Translator(out, compute_type="int8")(copy_task.held_out[:6])
+    assert output.read_text().splitlines() == expected
+    assert sum(t == s for t, s in zip(expected, copy_task.held_out)) >= 4  # real copies
+    capsys.readouterr()
+    cli.main(["evaluate", "--export", str(out), "--split", "validation", "--limit", "10"])
+    printed = capsys.readouterr().out
+    assert "Evaluating on files en->de [validation]" in printed, printed
+    assert float(re.search(r"BLEU \(cased, detokenized\): ([\d.]+)", printed)[1]) > 80
+
+    # A directory that is not empty is refused before the model loads.
+    with pytest.raises(SystemExit, match="exists and is not an empty directory"):
+        cli.main(["export-ctranslate2", "--model", str(tmp_path / "no_run"), "--out", str(out)])
+
+
+@pytest.mark.slow
+def test_a_conversion_that_is_not_faithful_is_refused_and_nothing_is_written(
+        copy_run, copy_task, tmp_path, monkeypatch):
+    # A converter bug: the norms' gamma and beta swapped.
+    def swapped(spec, read, prefix):
+        spec.gamma, spec.beta = read(f"{prefix}/beta"), read(f"{prefix}/gamma")
+
+    monkeypatch.setattr(ctranslate2_converter, "_set_layer_norm", swapped)
+    out = tmp_path / "ct2"
+    with pytest.raises(ValueError, match=r"differ from ours in \d+ of 20 sentences") as error:
+        ctranslate2_converter.convert_run(copy_run, out, check_sentences=copy_task.held_out[:20])
+    assert "SRC: " in str(error.value) and "CTRANSLATE2: " in str(error.value)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_export_ctranslate2_without_ctranslate2_says_how_to_install_it(tmp_path, monkeypatch):
+    import sys
+
+    from keras_transformer import cli
+
+    monkeypatch.setitem(sys.modules, "ctranslate2", None)  # import fails
+    with pytest.raises(SystemExit, match=r"pip install 'keras-transformer\[ctranslate2\]'"):
+        cli.main(["export-ctranslate2", "--model", str(tmp_path), "--out", str(tmp_path / "o")])
+
+
+@pytest.mark.slow
+def test_a_compute_type_is_refused_for_a_savedmodel(exported, tmp_path):
+    from keras_transformer import cli
+
+    source = tmp_path / "in.txt"
+    source.write_text("ka lo\n")
+    for command in (["translate", "--input", str(source)],
+                    ["evaluate", "--src", str(source), "--ref", str(source)]):
+        with pytest.raises(SystemExit, match="compute_type='int8' is a setting of CTranslate2"):
+            cli.main([*command, "--export", str(exported), "--compute-type", "int8"])

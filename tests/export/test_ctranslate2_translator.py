@@ -1,0 +1,150 @@
+"""`keras_transformer.export.ctranslate2_translator`: a converted directory translates raw
+sentences as our `translate` signatures do (greedy: the same strings and flags), and
+`translate`/`evaluate` take it as `--export`."""
+
+import json
+
+import pytest
+import tensorflow as tf
+
+pytest.importorskip("ctranslate2", reason="ctranslate2 is not installed (pip install -e .[bench])")
+
+from keras_transformer.export import ctranslate2_converter  # noqa: E402
+from keras_transformer.export.ctranslate2_translator import (  # noqa: E402
+    CTranslate2Translator,
+    read_metadata,
+)
+from keras_transformer.export.inference import (  # noqa: E402
+    evaluate_export,
+    is_ctranslate2_model,
+    open_translator,
+    read_export_metadata,
+)
+
+# Short bounds, as the copy task's export: a long sentence is cut.
+DECODING = {"beam_size": 3, "length_penalty": 1.0, "max_input_length": 16,
+            "max_output_length": 32}
+
+
+@pytest.fixture(scope="module")
+def converted(copy_task, tmp_path_factory):
+    path = tmp_path_factory.mktemp("ct2") / "model"
+    return ctranslate2_converter.convert(
+        copy_task.model, copy_task.tokenizer, copy_task.tokenizer, path,
+        metadata={"target_lang": "xx", "decoding": DECODING})
+
+
+def _ours(copy_task, sentences, **config):
+    """Our in-graph translator's outputs as lists (translation str, flags bool)."""
+    from keras_transformer.export import DecodingConfig, Translator
+
+    translator = Translator(copy_task.model, copy_task.tokenizer, copy_task.tokenizer,
+                            DecodingConfig(max_input_length=DECODING["max_input_length"],
+                                           max_output_length=DECODING["max_output_length"],
+                                           **config))
+    outputs = translator.translate(tf.constant(sentences))
+    return {name: [v.decode() if isinstance(v, bytes) else v
+                   for v in outputs[name].numpy().tolist()]
+            for name in ("translation", "truncated", "length")}
+
+
+@pytest.mark.slow
+def test_greedy_translations_and_flags_are_those_of_our_translator(copy_task, converted):
+    long_sentence = " ".join(copy_task.held_out[:6])  # more than 16 pieces: cut
+    sentences = copy_task.held_out[:12] + [
+        f"  {copy_task.held_out[0]}\t", "", " \n ", long_sentence]
+    ours = _ours(copy_task, sentences, search="greedy")
+    theirs = CTranslate2Translator(converted, signature="translate_greedy").translate(sentences)
+    assert [r["translation"] for r in theirs] == ours["translation"]
+    assert [r["truncated"] for r in theirs] == ours["truncated"]
+    assert [r["length"] for r in theirs] == ours["length"]
+    assert ours["truncated"][-1] and not any(ours["truncated"][:-1])
+    assert theirs[-3]["translation"] == theirs[-2]["translation"] == ""
+    # The copy model copies: compared on real translations, not empty ones.
+    assert sum(t == s for t, s in zip(ours["translation"], sentences[:12])) >= 10
+
+
+@pytest.mark.slow
+def test_beam_search_is_ours_with_ctranslate2s_penalty_and_early_stopping(copy_task,
+                                                                         converted):
+    sentences = copy_task.held_out[:12]
+    ours = _ours(copy_task, sentences, beam_size=3, alpha=1.0, length_penalty_form="power",
+                 early_stopping=True)
+    translator = CTranslate2Translator(converted)  # the directory's beam 3, alpha 1.0
+    assert (translator.beam_size, translator.length_penalty) == (3, 1.0)
+    assert translator(sentences) == ours["translation"]
+
+
+@pytest.mark.slow
+def test_a_translation_cut_by_the_length_bound_is_unfinished(copy_task, converted):
+    sentence = copy_task.held_out[0]  # 2-6 words, more than 2 pieces with END
+    result = CTranslate2Translator(converted, max_output_length=2).translate([sentence])[0]
+    assert result["unfinished"] and result["length"] == 2
+    finished = CTranslate2Translator(converted).translate([sentence])[0]
+    assert not finished["unfinished"] and finished["translation"] == sentence
+
+
+def test_the_directory_is_self_contained_and_recognized(converted, tmp_path):
+    metadata = read_metadata(converted)
+    assert metadata["decoding"] == DECODING and metadata["target_lang"] == "xx"
+    assert read_export_metadata(converted) == metadata
+    assert is_ctranslate2_model(converted) and not is_ctranslate2_model(tmp_path)
+    for name in ("model.bin", "config.json", "source.model", "target.model"):
+        assert (converted / name).is_file(), name
+    with pytest.raises(FileNotFoundError, match="no model.bin, source.model"):
+        read_metadata(tmp_path)
+    with pytest.raises(FileExistsError, match="already holds a CTranslate2 model"):
+        ctranslate2_converter.convert(None, None, None, converted)
+
+
+def test_settings_are_checked(converted):
+    with pytest.raises(ValueError, match="no signature 'translate_seeded'"):
+        CTranslate2Translator(converted, signature="translate_seeded")
+    with pytest.raises(ValueError, match="compute_type 'int9' is not supported"):
+        CTranslate2Translator(converted, compute_type="int9")
+    with pytest.raises(ValueError, match="beam_size must be an integer >= 1, got 0"):
+        CTranslate2Translator(converted, beam_size=0)
+    with pytest.raises(ValueError, match="length_penalty must be a number >= 0"):
+        CTranslate2Translator(converted, length_penalty=float("nan"))
+    with pytest.raises(TypeError, match="got one str"):
+        CTranslate2Translator(converted).translate("ka lo")
+    # A SavedModel takes no compute type.
+    with pytest.raises(ValueError, match="compute_type='int8' is a setting of CTranslate2"):
+        open_translator(converted.parent / "elsewhere", compute_type="int8")
+
+
+def test_a_missing_ctranslate2_says_how_to_install_it(converted, monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "ctranslate2", None)  # import fails
+    with pytest.raises(ImportError, match=r"pip install 'keras-transformer\[ctranslate2\]'"):
+        CTranslate2Translator(converted)
+
+
+@pytest.mark.slow
+def test_evaluate_export_scores_a_ctranslate2_model(copy_task, converted):
+    sentences = copy_task.held_out[:8]
+    scores = evaluate_export(converted, sentences, sentences, batch_size=4,
+                             signature="translate_greedy", compute_type="int8")
+    assert scores["bleu"] > 80 and scores["model_path"] == str(converted)
+    json.dumps({k: v for k, v in scores.items() if k != "translations"})
+
+
+@pytest.mark.slow
+def test_the_readmes_serving_code_gives_the_translators_translations(copy_task, converted):
+    # README, "The same weights in CTranslate2": ctranslate2 and sentencepiece alone, with
+    # the settings CTranslate2Translator uses, translate as it does.
+    import pathlib
+    import re
+
+    readme = pathlib.Path(__file__).resolve().parents[2] / "README.md"
+    text = readme.read_text(encoding="utf-8")
+    section = text[text.index("### The same weights in CTranslate2"):]
+    code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    code = code.replace('"runs/quick/ctranslate2"', repr(str(converted)))
+    sentences = [f" {s} " for s in copy_task.held_out[:8]]
+    names = {"sentences": sentences}
+    exec(compile(code, "README.md", "exec"), names)
+    expected = CTranslate2Translator(converted, beam_size=4, compute_type="int8")(sentences)
+    assert names["translations"] == expected
+    assert sum(t == s.strip() for t, s in zip(expected, sentences)) >= 6
