@@ -478,17 +478,17 @@ def cmd_export(args):
 def cmd_export_ctranslate2(args):
     from keras_transformer.export import ctranslate2_converter as converter
 
-    out = pathlib.Path(args.out)
+    command = "keras-transformer export-ctranslate2"
     try:  # the quick refusals before the model loads
         converter.import_ctranslate2()
-        if out.exists() and not (out.is_dir() and not any(out.iterdir())):
-            raise FileExistsError(f"--out {out} exists and is not an empty directory: give a "
-                                  "new one.")
+        out = converter.check_output_dir(args.out)
     except (ImportError, FileExistsError) as error:
-        raise SystemExit(f"keras-transformer export-ctranslate2: {error}") from None
+        raise SystemExit(f"{command}: {error}") from None
     if not (math.isfinite(args.alpha) and args.alpha >= 0):
-        raise SystemExit(f"keras-transformer export-ctranslate2: --alpha must be a number >= 0, "
-                         f"got {args.alpha}.")
+        raise SystemExit(f"{command}: --alpha must be a number >= 0, got {args.alpha}.")
+    if args.max_input_length < 2:
+        raise SystemExit(f"{command}: --max-input-length must be >= 2 (END and a token), got "
+                         f"{args.max_input_length}.")
     checkpoint = _checkpoint_record(args.model, args.checkpoint)
     sentences = None
     if args.check_sentences:
@@ -499,9 +499,10 @@ def cmd_export_ctranslate2(args):
             sentences = read_split(data_spec(config), "validation", local_dir=args.data_dir,
                                    tfds_dir=args.tfds_dir, limit=args.check_sentences)[0]
         except (OSError, ValueError) as error:
-            print(f"Note: the run's validation sentences cannot be read ({error}); the "
-                  "conversion is not checked against our model (--data-dir or --tfds-dir "
-                  "tell where they are).", file=sys.stderr, flush=True)
+            raise SystemExit(
+                f"{command}: the run's validation sentences, which the conversion is checked "
+                f"on, cannot be read ({error}). Say where they are (--data-dir, --tfds-dir), "
+                "or convert unchecked with --check-sentences 0.") from None
     settings = {"decoding": {"beam_size": args.beam_size, "length_penalty": args.alpha,
                              "max_input_length": args.max_input_length,
                              "max_output_length": args.max_output_length}, **checkpoint}
@@ -509,14 +510,12 @@ def cmd_export_ctranslate2(args):
         path, check = converter.convert_run(args.model, out, args.checkpoint,
                                             check_sentences=sentences, metadata=settings)
     except (OSError, ValueError) as error:
-        raise SystemExit(f"keras-transformer export-ctranslate2: {error}") from None
+        raise SystemExit(f"{command}: {error}") from None
     print(f"Converted checkpoint {checkpoint['checkpoint']} ({checkpoint['checkpoint_path']}) "
           f"into a CTranslate2 model: {path}")
-    if check is not None:
-        print(f"  greedy check on {len(sentences)} validation sentences: {check['same']} of "
-              f"{check['compared']} translations the same in both engines"
-              + ("" if check["compared"] else " (none ended within the length bound: "
-                 "nothing compared; the model may be undertrained)"))
+    print(f"  greedy check on {len(sentences)} validation sentences: {check['same']} of "
+          f"{check['compared']} translations the same in both engines" if check is not None
+          else "  not checked against our model (--check-sentences 0)")
     quoted = shlex.quote(str(path))
     print(f"  translate: keras-transformer translate --export {quoted} [--compute-type int8] "
           f"(beam {args.beam_size}, length penalty {args.alpha}); score: keras-transformer "
@@ -660,6 +659,17 @@ def _exit_on(signum, frame):
     raise SystemExit(128 + signum)  # as a shell reports a process the signal ended
 
 
+def _check_compute_type(args):
+    """Refuses `--compute-type` for an export that is not a CTranslate2 model, before any
+    input is read."""
+    from keras_transformer.export.inference import is_ctranslate2_model
+
+    if args.compute_type is not None and not is_ctranslate2_model(args.export):
+        raise SystemExit(f"keras-transformer {args.command}: --compute-type is a setting of "
+                         f"CTranslate2 models (export-ctranslate2 writes them); {args.export} "
+                         "is not one.")
+
+
 def cmd_translate(args):
     from keras_transformer.export.inference import (
         IDLE_SECONDS,
@@ -668,6 +678,7 @@ def cmd_translate(args):
         open_translator,
     )
 
+    _check_compute_type(args)
     if args.output == "-":  # as `--input -` is the standard input
         args.output = None
     if args.output and os.path.exists(args.output):
@@ -773,28 +784,32 @@ def _report_cut_lines(export, cut, lines, unfinished=()):
     which translations reached their length limit before their end (`unfinished`)."""
     if not (cut or unfinished):
         return
-    from keras_transformer.export.inference import read_export_metadata
+    from keras_transformer.export.inference import is_ctranslate2_model, read_export_metadata
 
     try:
         decoding = read_export_metadata(export).get("decoding", {})
     except OSError:  # the version deleted while it translated: the report without figures
         decoding = {}
+    ctranslate2 = is_ctranslate2_model(export)
     if cut:
         print(f"{len(cut)} of {lines} lines were longer than the export's max_input_length "
               f"({decoding.get('max_input_length') or 'its'} tokens) and were cut before "
-              f"translating: lines {_shown_lines(cut)}. Split them into sentences, or export "
-              "with a larger --max-input-length.", file=sys.stderr, flush=True)
+              f"translating: lines {_shown_lines(cut)}. Split them into sentences, or "
+              + ("convert with a larger export-ctranslate2" if ctranslate2 else "export with a "
+                 "larger") + " --max-input-length.", file=sys.stderr, flush=True)
     if unfinished:
-        # A CTranslate2 model's bound is max_output_length alone (no extra_length).
-        limit, flags = (f"min(source tokens + {decoding['extra_length']}, "
-                        f"{decoding['max_output_length']})", "--max-output-length or "
-                        "--extra-length") if {"extra_length", "max_output_length"} <= set(
-                            decoding) else (decoding.get("max_output_length", "its"),
-                                            "--max-output-length")
+        if ctranslate2:  # its bound is max_output_length alone
+            limit = decoding.get("max_output_length", "its")
+            fix = "Convert with a larger export-ctranslate2 --max-output-length"
+        else:
+            limit = (f"min(source tokens + {decoding['extra_length']}, "
+                     f"{decoding['max_output_length']})"
+                     if {"extra_length", "max_output_length"} <= set(decoding) else "its")
+            fix = "Export with a larger --max-output-length or --extra-length"
         print(f"{len(unfinished)} of {lines} translations reached the export's length limit "
               f"({limit} tokens) before their end and are cut short: lines "
-              f"{_shown_lines(list(unfinished))}. Export with a larger {flags} (or look for a "
-              "translation that repeats itself).", file=sys.stderr, flush=True)
+              f"{_shown_lines(list(unfinished))}. {fix} (or look for a translation that "
+              "repeats itself).", file=sys.stderr, flush=True)
 
 
 def _read_parallel(source_path, reference_path):
@@ -913,6 +928,7 @@ def cmd_evaluate(args):
     if args.json and not os.path.isdir(os.path.dirname(os.path.abspath(args.json))):
         raise SystemExit(f"--json {args.json}: its directory does not exist (the scores would "
                          "be lost after the translation).")
+    _check_compute_type(args)
     if hasattr(sys.stdout, "reconfigure"):
         sys.stdout.reconfigure(encoding="utf-8")  # --show's examples in a C locale
     # The metadata file, not the SavedModel: bad input is refused before the model loads.
@@ -935,7 +951,7 @@ def _translate_and_report(args, sources, references, target_lang=None):
                                  signature=args.signature,
                                  on_batch=progress.update if progress else None,
                                  target_lang=target_lang, compute_type=args.compute_type)
-    except (ImportError, ValueError) as error:  # a setting the export does not take
+    except (ImportError, ValueError) as error:  # a signature or compute type it lacks, ...
         raise SystemExit(f"keras-transformer evaluate: {error}") from None
     finally:
         if progress:
@@ -1123,10 +1139,11 @@ def build_parser():
         "export-ctranslate2", help="convert a run's checkpoint into a CTranslate2 model "
         "(needs pip install keras-transformer[ctranslate2])",
         description="Writes CTranslate2's model files with the SentencePiece models and the "
-        "settings beside them, for keras_transformer.export.ctranslate2_converter."
-        "CTranslate2Translator: the same weights decoded by CTranslate2's C++ engine, faster "
-        "than the SavedModel on CPU (benchmarks/RESULTS.md). Written only after the two "
-        "engines' greedy translations of the run's validation sentences agree.")
+        "settings beside them, for keras_transformer.export.ctranslate2_translator."
+        "CTranslate2Translator (and translate/evaluate --export): the same weights decoded "
+        "by CTranslate2's C++ engine, faster than the SavedModel on CPU "
+        "(benchmarks/RESULTS.md). Written only after the two engines' greedy translations of "
+        "the run's validation sentences agree (unless --check-sentences 0).")
     ct2.add_argument("--model", required=True, help="run directory from `train`")
     ct2.add_argument("--out", required=True, help="directory to create (absent or empty)")
     ct2.add_argument("--checkpoint", default="best",
@@ -1138,7 +1155,7 @@ def build_parser():
                      "log_prob / length ** alpha (default %(default)s; choose it on "
                      "validation with benchmarks/choose_on_validation.py "
                      "--length-penalty-forms power)")
-    ct2.add_argument("--max-input-length", type=_count, default=128,
+    ct2.add_argument("--max-input-length", type=int, default=128,
                      help="source tokens (END included) kept (default %(default)s)")
     ct2.add_argument("--max-output-length", type=_count, default=128,
                      help="target tokens at most (default %(default)s)")

@@ -318,57 +318,74 @@ def compare_greedy(model, source_tokenizer, target_tokenizer, directory, sentenc
     return {"compared": compared, "same": same, "examples": examples}
 
 
+def check_output_dir(output_dir):
+    """`output_dir` as the absolute directory `convert_run` creates (a symbolic link's
+    target), refused before anything slow runs when it exists and is not an empty directory.
+
+    Raises:
+        FileExistsError: naming it.
+    """
+    output_dir = pathlib.Path(os.path.realpath(output_dir))
+    if output_dir.exists() and not (output_dir.is_dir() and not any(output_dir.iterdir())):
+        raise FileExistsError(f"{output_dir} exists and is not an empty directory: give a new "
+                              "one.")
+    return output_dir
+
+
 def convert_run(run_dir, output_dir, checkpoint="best", check_sentences=None, metadata=None):
     """Converts a run's checkpoint (see `load_run`) into `output_dir`, written whole or not
     at all: staged beside it and renamed into place once converted and checked.
 
     Args:
         run_dir: str or path-like, a run directory of `train`.
-        output_dir: str or path-like, the directory to create (absent or empty).
+        output_dir: str or path-like, the directory to create (absent or empty; its parent
+            is created).
         checkpoint: `"best"`, `"final"`, `"last"` or `"averaged"`. Defaults to `"best"`.
         check_sentences: list of str or None, sentences whose greedy translations must be
-            the same in both engines (at least `MIN_SAME_SHARE` of them). Defaults to
-            `None` (no check).
-        metadata: dict or None, more entries for `keras_transformer.json`.
+            the same in both engines (at least `MIN_SAME_SHARE` of those that end within
+            the length bound, and at least one must). Defaults to `None` (no check).
+        metadata: dict or None, more entries for `keras_transformer.json`; its `"decoding"`
+            dict sets the translator's defaults (`DEFAULT_SETTINGS`).
 
     Returns:
         `(path, check)`: the directory, and `compare_greedy`'s dict (None without a check).
 
     Raises:
         FileExistsError: when `output_dir` exists and is not an empty directory.
-        ValueError: when the check fails (nothing is written).
+        ValueError: when the lengths exceed a learned position table, or the check fails
+            (nothing is written).
     """
     from keras_transformer.export.run import load_run
+    from keras_transformer.export.translator import DecodingConfig, check_position_limits
+    from keras_transformer.model import TransformerParts
     from keras_transformer.textfiles import flush_to_disk, partial_path, remove_stale_partials
 
-    output_dir = pathlib.Path(output_dir)
-    if output_dir.exists() and not (output_dir.is_dir() and not any(output_dir.iterdir())):
-        raise FileExistsError(f"{output_dir} exists and is not an empty directory: give a new "
-                              "one.")
-    if not output_dir.parent.is_dir():
-        raise FileNotFoundError(f"The directory {output_dir.parent} does not exist.")
+    output_dir = check_output_dir(output_dir)
     import_ctranslate2()  # before the model loads
+    decoding = {**DEFAULT_SETTINGS, **(metadata or {}).get("decoding", {})}
+    # The bounds as our export checks them (max_input_length at least 2: END and a token).
+    bounds = DecodingConfig(search="greedy", max_input_length=decoding["max_input_length"],
+                            max_output_length=decoding["max_output_length"])
     model, source_tokenizer, target_tokenizer, config = load_run(run_dir, checkpoint)
+    check_position_limits(TransformerParts(model), bounds)
+    output_dir.parent.mkdir(parents=True, exist_ok=True)
     remove_stale_partials(output_dir.parent)
     staging = partial_path(output_dir)
+    shutil.rmtree(staging, ignore_errors=True)  # a killed process's of this same id
     # The direction and the training configuration, as an export records them: `evaluate`
     # finds the run's data and languages in them.
     record = {"source_lang": config.get("source_lang"), "target_lang": config.get("target_lang"),
               **(metadata or {}), "training_config": config}
     try:
-        convert(model, source_tokenizer, target_tokenizer, staging, metadata=record)
+        # Sinusoids for every position the bounds reach.
+        convert(model, source_tokenizer, target_tokenizer, staging, metadata=record,
+                max_positions=max(DEFAULT_MAX_POSITIONS, bounds.max_input_length,
+                                  bounds.max_output_length))
         check = None
         if check_sentences is not None:
             check = compare_greedy(model, source_tokenizer, target_tokenizer, staging,
                                    list(check_sentences))
-            if check["same"] < MIN_SAME_SHARE * check["compared"]:
-                shown = "\n".join(f"  SRC: {s}\n  OURS: {a}\n  CTRANSLATE2: {b}"
-                                  for s, a, b in check["examples"])
-                raise ValueError(
-                    f"The converted model's greedy translations differ from ours in "
-                    f"{check['compared'] - check['same']} of {check['compared']} sentences "
-                    f"(at most {1 - MIN_SAME_SHARE:.0%} may, from float rounding): the "
-                    f"conversion is not faithful, nothing was written. For example:\n{shown}")
+            _check_agreement(check)
         for file in staging.iterdir():
             flush_to_disk(file)
         os.replace(staging, output_dir)  # over an empty directory too
@@ -376,3 +393,21 @@ def convert_run(run_dir, output_dir, checkpoint="best", check_sentences=None, me
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return output_dir, check
+
+
+def _check_agreement(check):
+    """Refuses a conversion whose greedy translations (`compare_greedy`'s dict) are not
+    ours, or that could not be compared on any sentence."""
+    if not check["compared"]:
+        raise ValueError(
+            "None of the check's greedy translations ended within the length bound, so the "
+            "conversion could not be compared with our model (an undertrained model?): "
+            "nothing was written. Check on other sentences, or convert without the check.")
+    if check["same"] < MIN_SAME_SHARE * check["compared"]:
+        shown = "\n".join(f"  SRC: {s}\n  OURS: {a}\n  CTRANSLATE2: {b}"
+                          for s, a, b in check["examples"])
+        raise ValueError(
+            f"The converted model's greedy translations differ from ours in "
+            f"{check['compared'] - check['same']} of {check['compared']} sentences "
+            f"(at most {1 - MIN_SAME_SHARE:.0%} may, from float rounding): the "
+            f"conversion is not faithful, nothing was written. For example:\n{shown}")

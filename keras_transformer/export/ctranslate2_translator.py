@@ -11,9 +11,13 @@ the same steps as our exported `translate` signature, around CTranslate2's C++ d
 import json
 import math
 import pathlib
+import unicodedata
 
-from keras_transformer.export.inference import CTRANSLATE2_METADATA_NAME, BatchTranslator
+from keras_transformer.export.batching import BatchTranslator
 
+# Our record beside CTranslate2's files: the direction, the checkpoint, the training
+# configuration and the decoding defaults.
+METADATA_NAME = "keras_transformer.json"
 # The SentencePiece models written beside CTranslate2's files.
 SOURCE_MODEL_NAME = "source.model"
 TARGET_MODEL_NAME = "target.model"
@@ -25,6 +29,19 @@ DEFAULT_SETTINGS = {"beam_size": 4, "length_penalty": 1.0, "max_input_length": 1
 # What the `signature` argument may name, as an export's signatures: its search or greedy.
 SIGNATURES = ("translate", "serving_default", "translate_greedy")
 INSTALL_HINT = "pip install 'keras-transformer[ctranslate2]' (or 'ctranslate2>=4.5,<5')"
+# Characters that are no text: a sentence of these alone translates to "" (our export's
+# `NO_TEXT_PATTERN`: whitespace, separators, controls, format characters such as zero-width
+# spaces, bidi marks and a BOM).
+NO_TEXT_CATEGORIES = ("Zs", "Zl", "Zp", "Cc", "Cf")
+# Pieces our searches never produce: PAD and START (UNK is `disable_unk`).
+SUPPRESSED_PIECES = (("<pad>",), ("<s>",))
+
+
+def has_text(sentence):
+    """Whether `sentence` (str) holds a character that is not whitespace, a separator, a
+    control or a format character."""
+    return any(not c.isspace() and unicodedata.category(c) not in NO_TEXT_CATEGORIES
+               for c in sentence)
 
 
 def import_ctranslate2():
@@ -45,31 +62,34 @@ def read_metadata(path):
     """
     path = pathlib.Path(path)
     missing = [name for name in ("model.bin", SOURCE_MODEL_NAME, TARGET_MODEL_NAME,
-                                 CTRANSLATE2_METADATA_NAME) if not (path / name).is_file()]
+                                 METADATA_NAME) if not (path / name).is_file()]
     if missing:
         raise FileNotFoundError(
             f"{path} is not a CTranslate2 model written by `keras-transformer "
             f"export-ctranslate2` (no {', '.join(missing)}).")
-    return json.loads((path / CTRANSLATE2_METADATA_NAME).read_text())
+    return json.loads((path / METADATA_NAME).read_text())
 
 
 class CTranslate2Translator(BatchTranslator):
     """Raw sentences in, translations out, with CTranslate2 on a converted run.
 
     The steps of our exported `translate` signature around CTranslate2's decoder: a sentence
-    is stripped of leading and trailing whitespace (an empty one translates to `""`),
+    is stripped of leading and trailing whitespace (one without text, blank or of zero-width
+    characters, bidi marks or controls alone, translates to `""`),
     tokenized by the run's SentencePiece model (its normalization included), cut to
-    `max_input_length` tokens (END included), translated with the UNK piece never produced
-    and END allowed first, and detokenized. Greedy translations are ours token for token
-    (`keras-transformer export-ctranslate2` checks it on the run's validation sentences);
-    beam search ranks hypotheses by CTranslate2's `log_prob / length ** length_penalty` (our
-    `export --length-penalty-form power`) and stops once `beam_size` hypotheses have
-    finished (our `--beam-stopping early`). Unlike our export, a translation is bounded by
-    `max_output_length` alone, not also by its source's length.
+    `max_input_length` tokens (END included), translated with UNK, PAD and START never
+    produced and END allowed first, and detokenized. Greedy translations are ours token for
+    token (`keras-transformer export-ctranslate2` checks it on the run's validation
+    sentences); beam search ranks hypotheses by CTranslate2's `log_prob / length **
+    length_penalty` (our `export --length-penalty-form power`) and stops once `beam_size`
+    hypotheses have finished (our `--beam-stopping early`; at `length_penalty=0`
+    CTranslate2 stops as soon as its best hypothesis ends). Unlike our export, a translation
+    is bounded by `max_output_length` alone, not also by its source's length.
 
     `translate`, `translate_stream` and calling it work as `ExportedTranslator`'s; each
-    result's `score` is CTranslate2's (the log-probability, divided by the length penalty
-    in beam search) and `length` counts END when the translation has one.
+    result's `score` is CTranslate2's: the log-probability (UNK masked before the softmax,
+    where ours masks it after: a little higher), divided by the length penalty in beam
+    search; `length` counts END when the translation has one.
 
     Args:
         path: str or path-like, a directory `keras-transformer export-ctranslate2` wrote.
@@ -118,10 +138,11 @@ class CTranslate2Translator(BatchTranslator):
         self.max_input_length = settings["max_input_length"]
         self.max_output_length = (settings["max_output_length"] if max_output_length is None
                                   else max_output_length)
-        for name in ("beam_size", "max_input_length", "max_output_length"):
+        for name, least in (("beam_size", 1), ("max_input_length", 2),  # END and a token
+                            ("max_output_length", 1)):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be an integer >= 1, got {value!r}.")
+            if isinstance(value, bool) or not isinstance(value, int) or value < least:
+                raise ValueError(f"{name} must be an integer >= {least}, got {value!r}.")
         if not (isinstance(self.length_penalty, (int, float)) and
                 math.isfinite(self.length_penalty) and self.length_penalty >= 0):
             raise ValueError(f"length_penalty must be a number >= 0, got "
@@ -130,9 +151,13 @@ class CTranslate2Translator(BatchTranslator):
         if compute_type not in supported:
             raise ValueError(f"compute_type {compute_type!r} is not supported on this CPU; "
                              f"it supports {sorted(supported)}.")
-        self._translator = ctranslate2.Translator(
-            str(self.path), device="cpu", compute_type=compute_type,
-            intra_threads=intra_threads, inter_threads=inter_threads)
+        try:
+            self._translator = ctranslate2.Translator(
+                str(self.path), device="cpu", compute_type=compute_type,
+                intra_threads=intra_threads, inter_threads=inter_threads)
+        except RuntimeError as error:  # a model.bin this CTranslate2 cannot read
+            raise ValueError(f"CTranslate2 {ctranslate2.__version__} cannot load {self.path}: "
+                             f"{error}") from None
         self._source = sentencepiece.SentencePieceProcessor(
             model_file=str(self.path / SOURCE_MODEL_NAME))
         self._target = sentencepiece.SentencePieceProcessor(
@@ -146,16 +171,19 @@ class CTranslate2Translator(BatchTranslator):
         # CTranslate2 appends END itself: the pieces stop one short of the bound.
         truncated = [len(p) > self.max_input_length - 1 for p in pieces]
         pieces = [p[:self.max_input_length - 1] for p in pieces]
-        results = [{"translation": "", "score": 0.0, "length": 0, "truncated": False,
-                    "unfinished": False} for _ in batch]
-        kept = [i for i, p in enumerate(pieces) if p]  # an empty sentence stays ""
+        results = [{"translation": "", "score": 0.0, "length": 0, "truncated": cut,
+                    "unfinished": False} for cut in truncated]
+        # A sentence without text stays "", as in our export.
+        kept = [i for i, (p, s) in enumerate(zip(pieces, sentences)) if p and has_text(s)]
         if not kept:
             return results
         outputs = self._translator.translate_batch(
             [pieces[i] for i in kept], beam_size=self.beam_size,
-            length_penalty=self.length_penalty, max_decoding_length=self.max_output_length,
-            min_decoding_length=0, disable_unk=True, max_input_length=0, return_scores=True,
-            return_end_token=True)
+            # Greedy search too divides its score by the penalty: 0 keeps the log-probability.
+            length_penalty=self.length_penalty if self.beam_size > 1 else 0.0,
+            max_decoding_length=self.max_output_length, min_decoding_length=0,
+            disable_unk=True, suppress_sequences=[list(p) for p in SUPPRESSED_PIECES],
+            max_input_length=0, return_scores=True, return_end_token=True)
         for i, output in zip(kept, outputs):
             hypothesis = output.hypotheses[0]
             ended = bool(hypothesis) and hypothesis[-1] == "</s>"

@@ -7,7 +7,6 @@ does with the same directory.
 """
 
 import json
-import numbers
 import os
 import pathlib
 import select
@@ -18,6 +17,19 @@ import time
 import tensorflow as tf
 import tensorflow_text  # noqa: F401  (registers the SentencePiece ops of the exported graph)
 
+from keras_transformer.export.batching import (  # noqa: F401  (this module's API before)
+    IDLE,
+    SORT_BUFFER_BATCHES,
+    BatchTranslator,
+    as_bytes,
+    check_positive_integer,
+    check_sentence_list,
+    translate_by_length,
+)
+from keras_transformer.export.ctranslate2_translator import (
+    METADATA_NAME as CTRANSLATE2_METADATA_NAME,
+)
+from keras_transformer.export.ctranslate2_translator import CTranslate2Translator
 from keras_transformer.export.saved_model import latest_version_dir
 from keras_transformer.textfiles import (
     LINE_ENDINGS_SAMPLE,
@@ -35,44 +47,10 @@ INPUT_NAME = "text"
 OUTPUT_NAMES = ("translation", "score", "length", "truncated", "unfinished")
 # Where `export_translator` records the decoding settings.
 METADATA_PATH = pathlib.Path("assets.extra") / "translator.json"
-# Where `keras-transformer export-ctranslate2` records them beside a CTranslate2 model.
-CTRANSLATE2_METADATA_NAME = "keras_transformer.json"
-# Batches read ahead and sorted by length together (CTranslate2's `max_batch_size * 16`
-# read buffer, Marian's maxi-batch): long enough to group similar lengths, short enough to
-# stream output soon.
-SORT_BUFFER_BATCHES = 16
 
 
-# An item of `iter_lines("-", idle_seconds=...)`: the standard input paused. In the sentences
-# of `translate_stream` it ends the read-ahead buffer: what was read is translated at once.
-IDLE = object()
 # How long standard input may pause before what it gave is translated (`translate`).
 IDLE_SECONDS = 0.2
-
-
-def check_sentence_list(sentences):
-    """Refuses one string where a list of sentences is expected (a string is an iterable of
-    characters, which would be translated one by one)."""
-    if isinstance(sentences, (str, bytes)):
-        raise TypeError(
-            "Expected a list of sentences, got one "
-            f"{type(sentences).__name__}: pass [sentence] to translate it alone."
-        )
-
-
-def as_bytes(sentence):
-    """str -> UTF-8 bytes; bytes pass through untouched (the graph repairs invalid UTF-8)."""
-    if isinstance(sentence, bytes):
-        return sentence
-    if isinstance(sentence, str):
-        try:
-            return sentence.encode("utf-8")
-        except UnicodeEncodeError:
-            # Lone surrogates (bytes that were not UTF-8, read with `surrogateescape` as a C
-            # locale's `sys.stdin` does) become U+FFFD, as invalid bytes do in the graph.
-            return "".join("\ufffd" if "\ud800" <= c <= "\udfff" else c
-                           for c in sentence).encode("utf-8")
-    raise TypeError(f"Expected str or bytes sentences, got {type(sentence).__name__}.")
 
 
 def is_ctranslate2_model(path):
@@ -94,8 +72,6 @@ def open_translator(path, signature="translate", compute_type=None):
             for a SavedModel, which refuses any other. Defaults to `None`.
     """
     if is_ctranslate2_model(path):
-        from keras_transformer.export.ctranslate2_translator import CTranslate2Translator
-
         return CTranslate2Translator(path, signature=signature,
                                      compute_type=compute_type or "default")
     if compute_type is not None:
@@ -119,125 +95,6 @@ def read_export_metadata(path):
         return json.loads((pathlib.Path(path) / CTRANSLATE2_METADATA_NAME).read_text())
     record = latest_version_dir(path) / METADATA_PATH
     return json.loads(record.read_text()) if record.is_file() else {}
-
-
-def _check_positive_integer(name, value):
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
-        raise ValueError(f"{name} must be an integer >= 1, got {name}={value!r}.")
-
-
-def translate_by_length(sentences, batch_size, translate_batch, on_batch=None):
-    """Translates `sentences` in batches of similar length; results in input order.
-
-    Args:
-        sentences: list of str or bytes, sorted by `len` into batches (less padding).
-        batch_size: int, sentences per call of `translate_batch`.
-        translate_batch: callable, list of sentences -> list of results, one per sentence.
-        on_batch: callable or None, called with the size of each batch once it is done.
-
-    Returns:
-        A list of results, `results[i]` for `sentences[i]`.
-
-    Example:
-
-    >>> translate_by_length(["ccc", "a", "bb"], 2, lambda batch: [s.upper() for s in batch])
-    ['CCC', 'A', 'BB']
-    """
-    _check_positive_integer("batch_size", batch_size)
-    order = sorted(range(len(sentences)), key=lambda i: len(sentences[i]))
-    results = [None] * len(sentences)
-    for start in range(0, len(order), batch_size):
-        indices = order[start : start + batch_size]
-        for index, result in zip(indices, translate_batch([sentences[i] for i in indices])):
-            results[index] = result
-        if on_batch is not None:
-            on_batch(len(indices))
-    return results
-
-
-class BatchTranslator:
-    """Sentences in, one result dict per sentence out, in length-sorted batches: what
-    `ExportedTranslator` (a SavedModel) and `CTranslate2Translator` (a CTranslate2 model)
-    share. A subclass implements `_translate_batch(list of UTF-8 bytes) -> list of dicts`."""
-
-    def translate(self, sentences, batch_size=64, sort_buffer_batches=SORT_BUFFER_BATCHES,
-                  on_batch=None):
-        """Translates sentences in length-sorted batches of `batch_size`.
-
-        Args:
-            sentences: iterable of str (or UTF-8 bytes; invalid bytes are replaced in the
-                graph).
-            batch_size: int, sentences per signature call. Defaults to `64`.
-            sort_buffer_batches: int, batches read ahead and sorted by length together (see
-                `translate_stream`). Defaults to `SORT_BUFFER_BATCHES`.
-            on_batch: callable or None, called with the number of sentences of each batch
-                once it is translated (a progress bar). Defaults to `None`.
-
-        Returns:
-            A list with one dict per sentence, in order: `{"translation": str, "score":
-            float (log-probability of the translation), "truncated": bool (the source was
-            cut to the export's `max_input_length`), "unfinished": bool (the translation
-            reached its length limit before its end), "length": int (target tokens, END
-            included)}`.
-        """
-        return list(self.translate_stream(sentences, batch_size, sort_buffer_batches, on_batch))
-
-    def translate_stream(self, sentences, batch_size=64,
-                         sort_buffer_batches=SORT_BUFFER_BATCHES, on_batch=None):
-        """Translates an iterable of sentences lazily, yielding results in input order.
-
-        As CTranslate2's `translate_iterable` and Marian's maxi-batches do: reads
-        `batch_size * sort_buffer_batches` sentences, sorts them by length (UTF-8 bytes, a
-        cheap stand-in for tokens) so each batch pads little, translates the buffer batch by
-        batch, yields its results in the original order, then reads the next buffer. The
-        first translations come out after one buffer, not after the whole input; a
-        sentence's translation does not depend on the others in its batch (except in an
-        export with both `--dtype bfloat16` and `--jit`: export/README.md).
-
-        Args:
-            sentences: iterable of str or bytes (a file or stdin is read as it goes); an
-                `IDLE` item (`iter_lines("-", idle_seconds=...)`: the input paused) has
-                the sentences read so far translated at once.
-            batch_size: int, sentences per signature call. Defaults to `64`.
-            sort_buffer_batches: int, batches read ahead and sorted together; `1` translates
-                in input order. Defaults to `SORT_BUFFER_BATCHES`.
-            on_batch: callable or None, called with the batch size after each batch.
-
-        Returns:
-            An iterator of one dict per sentence, in order, as in `translate` (the
-            arguments are checked by the call, the sentences translated as it is read).
-        """
-        # Checked now: a generator's body would run at the first result asked for.
-        check_sentence_list(sentences)
-        _check_positive_integer("batch_size", batch_size)
-        _check_positive_integer("sort_buffer_batches", sort_buffer_batches)
-        return self._stream(iter(sentences), batch_size, batch_size * sort_buffer_batches,
-                            on_batch)
-
-    def _stream(self, iterator, batch_size, buffer_size, on_batch):
-        ended = False
-        while not ended:
-            buffer = []
-            for sentence in iterator:
-                if sentence is IDLE:  # the input paused: translate what it gave
-                    if buffer:
-                        break
-                    continue
-                buffer.append(as_bytes(sentence))
-                if len(buffer) == buffer_size:
-                    break
-            else:
-                ended = True
-            if buffer:
-                yield from translate_by_length(buffer, batch_size, self._translate_batch,
-                                               on_batch)
-
-    def _translate_batch(self, batch):
-        raise NotImplementedError
-
-    def __call__(self, sentences, batch_size=64):
-        """Translates sentences; returns only the translations, a list of str."""
-        return [r["translation"] for r in self.translate(sentences, batch_size=batch_size)]
 
 
 class ExportedTranslator(BatchTranslator):

@@ -66,6 +66,19 @@ class CopyTask:
                           DecodingConfig(**settings), metadata=metadata)
 
 
+def flattened_copy(model, factor):
+    """A copy of post-norm `model` whose logits (but the projection's bias) are `factor`
+    times smaller: the last decoder block's norm scaled, so the copy is unsure (beam
+    search's length penalty then changes translations)."""
+    copy = keras.models.clone_model(model)
+    copy.set_weights(model.get_weights())
+    block = copy.get_layer("decoder").blocks[-1]
+    assert not block.norm_first  # a pre-norm stack's final norm would undo the scaling
+    for weight in (block._feed_forward_norm.gamma, block._feed_forward_norm.beta):
+        weight.assign(weight * factor)
+    return copy
+
+
 def _train_copy_model(tokenizer, sentences):
     from keras_transformer.model import build_transformer
 

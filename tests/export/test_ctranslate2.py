@@ -21,6 +21,7 @@ from keras_transformer import decoding  # noqa: E402
 from keras_transformer.export import ctranslate2_converter  # noqa: E402
 from keras_transformer.model import TransformerParts, build_transformer  # noqa: E402
 from keras_transformer.text import END_ID, PAD_ID, START_ID  # noqa: E402
+from tests.export.conftest import flattened_copy  # noqa: E402
 
 MAX_DECODING_LENGTH = 32
 # float32 in both engines; different kernels and summation orders.
@@ -79,25 +80,13 @@ def _our_beam(model, tokenizer, sentences, alpha, form):
                    early_stopping=True, length_penalty_form=form)
 
 
-def _flattened(model, factor):
-    """A copy of post-norm `model` whose logits (but the projection's bias) are `factor`
-    times smaller: the last decoder block's norm scaled, so the copy is unsure."""
-    copy = keras.models.clone_model(model)
-    copy.set_weights(model.get_weights())
-    block = copy.get_layer("decoder").blocks[-1]
-    assert not block.norm_first  # a pre-norm stack's final norm would undo the scaling
-    for weight in (block._feed_forward_norm.gamma, block._feed_forward_norm.beta):
-        weight.assign(weight * factor)
-    return copy
-
-
 @pytest.mark.slow
 def test_ctranslate2_beam_search_equals_ours_with_its_length_penalty(copy_task, tmp_path):
     """CTranslate2's beam search is ours with `early_stopping` and the "power" penalty, on
     a model unsure enough that the penalty's form changes translations. (At
     `length_penalty=0` CTranslate2 stops as soon as its best candidate ends: not compared.)"""
     tokenizer = copy_task.tokenizer
-    model = _flattened(copy_task.model, 0.25)
+    model = flattened_copy(copy_task.model, 0.25)
     path = ctranslate2_converter.convert(model, tokenizer, tokenizer, tmp_path / "ct2")
     translator = ctranslate2.Translator(str(path), device="cpu", inter_threads=1,
                                         intra_threads=1)
@@ -132,7 +121,7 @@ def test_translator_searches_with_the_configured_length_penalty(copy_task):
     from keras_transformer.export import DecodingConfig, Translator
 
     tokenizer = copy_task.tokenizer
-    model = _flattened(copy_task.model, 0.25)
+    model = flattened_copy(copy_task.model, 0.25)
     sentences = copy_task.held_out[:16]
     for form in ("gnmt", "power"):
         translator = Translator(model, tokenizer, tokenizer, DecodingConfig(
@@ -221,7 +210,7 @@ def copy_run(copy_task, tmp_path_factory):
 
 @pytest.mark.slow
 def test_export_ctranslate2_checks_then_writes_what_translate_and_evaluate_take(
-        copy_run, copy_task, tmp_path, capsys):
+        copy_run, copy_task, tmp_path, capsys, monkeypatch):
     from keras_transformer import cli
 
     out = tmp_path / "ct2"
@@ -240,8 +229,17 @@ def test_export_ctranslate2_checks_then_writes_what_translate_and_evaluate_take(
 
     source, output = tmp_path / "in.en", tmp_path / "out.de"
     source.write_text("\n".join(copy_task.held_out[:6]) + "\n")
+    loaded = []
+    translator_class = ctranslate2.Translator
+
+    def recording(*args, **kwargs):  # which compute type reaches CTranslate2
+        loaded.append(kwargs.get("compute_type"))
+        return translator_class(*args, **kwargs)
+
+    monkeypatch.setattr(ctranslate2, "Translator", recording)
     cli.main(["translate", "--export", str(out), "--input", str(source), "--output",
               str(output), "--compute-type", "int8"])
+    assert loaded == ["int8"]
     # Beam 3 of the record, in int8: what the Python translator gives with these settings.
     from keras_transformer.export.ctranslate2_translator import CTranslate2Translator
 
@@ -257,6 +255,53 @@ def test_export_ctranslate2_checks_then_writes_what_translate_and_evaluate_take(
     # A directory that is not empty is refused before the model loads.
     with pytest.raises(SystemExit, match="exists and is not an empty directory"):
         cli.main(["export-ctranslate2", "--model", str(tmp_path / "no_run"), "--out", str(out)])
+
+
+@pytest.mark.slow
+def test_export_ctranslate2_refuses_to_skip_its_check_unless_told(copy_run, tmp_path, capsys):
+    import shutil
+
+    from keras_transformer import cli
+
+    run = tmp_path / "moved_run"  # its validation files gone
+    shutil.copytree(copy_run, run)
+    config = json.loads((run / "config.json").read_text())
+    config["data_files"]["validation"] = [str(tmp_path / "gone.en"), str(tmp_path / "gone.de")]
+    (run / "config.json").write_text(json.dumps(config))
+    out = tmp_path / "new" / "ct2"  # its parent is created
+    with pytest.raises(SystemExit, match="cannot be read .* or convert unchecked with "
+                       "--check-sentences 0"):
+        cli.main(["export-ctranslate2", "--model", str(run), "--out", str(out)])
+    assert not out.exists()
+    cli.main(["export-ctranslate2", "--model", str(run), "--out", str(out),
+              "--check-sentences", "0"])
+    assert "not checked against our model (--check-sentences 0)" in capsys.readouterr().out
+    assert (out / "model.bin").is_file()
+
+
+@pytest.mark.slow
+def test_convert_run_replaces_an_empty_directory_and_a_stale_staging_one(copy_run, tmp_path):
+    from keras_transformer.textfiles import partial_path
+
+    out = tmp_path / "ct2"
+    out.mkdir()  # empty: taken
+    link = tmp_path / "link"
+    link.symlink_to(out)
+    staging = partial_path(out)  # what a killed process of this same id left
+    staging.mkdir()
+    (staging / "model.bin").write_text("half")
+    path, check = ctranslate2_converter.convert_run(copy_run, link, checkpoint="final")
+    assert path == out and check is None and (out / "model.bin").stat().st_size > 1000
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ct2", "link"]
+
+
+def test_a_check_that_compared_nothing_or_disagrees_refuses_the_conversion():
+    check = ctranslate2_converter._check_agreement
+    with pytest.raises(ValueError, match="None of the check's greedy translations ended"):
+        check({"compared": 0, "same": 0, "examples": []})
+    with pytest.raises(ValueError, match="differ from ours in 2 of 10 sentences"):
+        check({"compared": 10, "same": 8, "examples": [("a", "b", "c")]})
+    check({"compared": 10, "same": 9, "examples": [("a", "b", "c")]})  # float rounding
 
 
 @pytest.mark.slow
@@ -292,5 +337,5 @@ def test_a_compute_type_is_refused_for_a_savedmodel(exported, tmp_path):
     source.write_text("ka lo\n")
     for command in (["translate", "--input", str(source)],
                     ["evaluate", "--src", str(source), "--ref", str(source)]):
-        with pytest.raises(SystemExit, match="compute_type='int8' is a setting of CTranslate2"):
+        with pytest.raises(SystemExit, match="--compute-type is a setting of CTranslate2"):
             cli.main([*command, "--export", str(exported), "--compute-type", "int8"])

@@ -34,45 +34,57 @@ def converted(copy_task, tmp_path_factory):
         metadata={"target_lang": "xx", "decoding": DECODING})
 
 
-def _ours(copy_task, sentences, **config):
-    """Our in-graph translator's outputs as lists (translation str, flags bool)."""
+def _ours(copy_task, sentences, model=None, **config):
+    """Our in-graph translator's outputs as lists (translation str, flags bool, ...)."""
     from keras_transformer.export import DecodingConfig, Translator
 
-    translator = Translator(copy_task.model, copy_task.tokenizer, copy_task.tokenizer,
+    translator = Translator(model or copy_task.model, copy_task.tokenizer, copy_task.tokenizer,
                             DecodingConfig(max_input_length=DECODING["max_input_length"],
                                            max_output_length=DECODING["max_output_length"],
                                            **config))
     outputs = translator.translate(tf.constant(sentences))
     return {name: [v.decode() if isinstance(v, bytes) else v
                    for v in outputs[name].numpy().tolist()]
-            for name in ("translation", "truncated", "length")}
+            for name in ("translation", "truncated", "length", "unfinished", "score")}
 
 
 @pytest.mark.slow
 def test_greedy_translations_and_flags_are_those_of_our_translator(copy_task, converted):
     long_sentence = " ".join(copy_task.held_out[:6])  # more than 16 pieces: cut
-    sentences = copy_task.held_out[:12] + [
-        f"  {copy_task.held_out[0]}\t", "", " \n ", long_sentence]
+    no_text = ["", " \n ", "\x00", "\u200b\u2060", "\ufeff\u200f"]  # NUL, zero-width, bidi
+    sentences = copy_task.held_out[:12] + [f"  {copy_task.held_out[0]}\t", long_sentence,
+                                           *no_text]
     ours = _ours(copy_task, sentences, search="greedy")
     theirs = CTranslate2Translator(converted, signature="translate_greedy").translate(sentences)
-    assert [r["translation"] for r in theirs] == ours["translation"]
-    assert [r["truncated"] for r in theirs] == ours["truncated"]
-    assert [r["length"] for r in theirs] == ours["length"]
-    assert ours["truncated"][-1] and not any(ours["truncated"][:-1])
-    assert theirs[-3]["translation"] == theirs[-2]["translation"] == ""
+    for name in ("translation", "truncated", "length", "unfinished"):
+        assert [r[name] for r in theirs] == ours[name], name
+    # Greedy scores are log-probabilities in both (UNK masked before or after the softmax).
+    assert [r["score"] for r in theirs] == pytest.approx(ours["score"], abs=1e-3)
+    assert ours["truncated"][13] and not any(ours["truncated"][:13])
+    assert ours["translation"][-5:] == [""] * 5 and ours["score"][-5:] == [0.0] * 5
     # The copy model copies: compared on real translations, not empty ones.
     assert sum(t == s for t, s in zip(ours["translation"], sentences[:12])) >= 10
 
 
 @pytest.mark.slow
-def test_beam_search_is_ours_with_ctranslate2s_penalty_and_early_stopping(copy_task,
-                                                                         converted):
-    sentences = copy_task.held_out[:12]
-    ours = _ours(copy_task, sentences, beam_size=3, alpha=1.0, length_penalty_form="power",
-                 early_stopping=True)
-    translator = CTranslate2Translator(converted)  # the directory's beam 3, alpha 1.0
-    assert (translator.beam_size, translator.length_penalty) == (3, 1.0)
-    assert translator(sentences) == ours["translation"]
+@pytest.mark.parametrize("alpha", [0.6, 3.0])
+def test_beam_search_is_ours_with_ctranslate2s_penalty_and_early_stopping(
+        copy_task, tmp_path, alpha):
+    """On a model unsure enough that the penalty changes translations (as the converter's
+    test), so a translator that dropped its beam size or penalty would differ."""
+    from tests.export.conftest import flattened_copy
+
+    model = flattened_copy(copy_task.model, 0.25)
+    path = ctranslate2_converter.convert(model, copy_task.tokenizer, copy_task.tokenizer,
+                                         tmp_path / "ct2", metadata={"decoding": DECODING})
+    sentences = copy_task.held_out[:16]
+    ours = _ours(copy_task, sentences, model=model, beam_size=3, alpha=alpha,
+                 length_penalty_form="power", early_stopping=True)
+    theirs = CTranslate2Translator(path, length_penalty=alpha)(sentences)  # beam 3: recorded
+    # Float32 in both engines, UNK masked at another place: one near-tie may flip.
+    assert sum(a != b for a, b in zip(theirs, ours["translation"])) <= 1
+    greedy = _ours(copy_task, sentences, model=model, search="greedy")["translation"]
+    assert theirs != greedy  # the beam reaches other translations here
 
 
 @pytest.mark.slow
@@ -104,11 +116,13 @@ def test_settings_are_checked(converted):
         CTranslate2Translator(converted, compute_type="int9")
     with pytest.raises(ValueError, match="beam_size must be an integer >= 1, got 0"):
         CTranslate2Translator(converted, beam_size=0)
+    with pytest.raises(ValueError, match="max_output_length must be an integer >= 1"):
+        CTranslate2Translator(converted, max_output_length=0)
     with pytest.raises(ValueError, match="length_penalty must be a number >= 0"):
         CTranslate2Translator(converted, length_penalty=float("nan"))
     with pytest.raises(TypeError, match="got one str"):
         CTranslate2Translator(converted).translate("ka lo")
-    # A SavedModel takes no compute type.
+    # A directory that is not a CTranslate2 model (a SavedModel) takes no compute type.
     with pytest.raises(ValueError, match="compute_type='int8' is a setting of CTranslate2"):
         open_translator(converted.parent / "elsewhere", compute_type="int8")
 
@@ -131,20 +145,26 @@ def test_evaluate_export_scores_a_ctranslate2_model(copy_task, converted):
 
 
 @pytest.mark.slow
-def test_the_readmes_serving_code_gives_the_translators_translations(copy_task, converted):
+def test_the_readmes_serving_code_gives_the_translators_translations(copy_task, tmp_path):
     # README, "The same weights in CTranslate2": ctranslate2 and sentencepiece alone, with
-    # the settings CTranslate2Translator uses, translate as it does.
+    # the settings CTranslate2Translator uses (the directory's defaults: beam 4, alpha 1.0,
+    # 128 tokens in and out), translate as it does, a source cut to 128 tokens included.
     import pathlib
     import re
 
+    path = ctranslate2_converter.convert(copy_task.model, copy_task.tokenizer,
+                                         copy_task.tokenizer, tmp_path / "ct2")
     readme = pathlib.Path(__file__).resolve().parents[2] / "README.md"
     text = readme.read_text(encoding="utf-8")
     section = text[text.index("### The same weights in CTranslate2"):]
     code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
-    code = code.replace('"runs/quick/ctranslate2"', repr(str(converted)))
-    sentences = [f" {s} " for s in copy_task.held_out[:8]]
+    code = code.replace('"runs/quick/ctranslate2"', repr(str(path)))
+    long_sentence = " ".join(copy_task.held_out[:40])
+    sentences = [f" {s} " for s in copy_task.held_out[:8]] + [long_sentence]
     names = {"sentences": sentences}
     exec(compile(code, "README.md", "exec"), names)
-    expected = CTranslate2Translator(converted, beam_size=4, compute_type="int8")(sentences)
-    assert names["translations"] == expected
-    assert sum(t == s.strip() for t, s in zip(expected, sentences)) >= 6
+    translator = CTranslate2Translator(path, compute_type="int8")
+    expected = translator.translate(sentences)
+    assert expected[-1]["truncated"]  # the README's cut is exercised
+    assert names["translations"] == [r["translation"] for r in expected]
+    assert sum(r["translation"] == s.strip() for r, s in zip(expected, sentences)) >= 6
