@@ -128,8 +128,7 @@ def _position_table(read, embedding_name, d_model, max_positions):
 
 
 def _activation(name):
-    import_ctranslate2()
-    from ctranslate2.specs import common_spec
+    from ctranslate2.specs import common_spec  # build_spec, the caller, checked the import
 
     activations = {
         "relu": common_spec.Activation.RELU,
