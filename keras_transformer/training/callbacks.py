@@ -947,7 +947,8 @@ class LateDropout(keras.callbacks.Callback):
     `min_epochs` it happens only in a run planned, after its first `epoch` epochs, to last
     at least `min_epochs`: `planned_epochs(epoch)` says how long (say, what a time budget
     predicted then, from the epoch times in `history.json`). The decision depends only on
-    those, so a run resumed past `epoch` decides as it did, and gets `rate` from its first
+    those, so a run resumed past `epoch` decides as it did (unless resumed with another
+    time budget or `epochs`, which the trainer warns of), and gets `rate` from its first
     epoch if it switched. A run shorter than `epoch + 1` epochs is unaffected. Only
     training changes: inference never drops.
 

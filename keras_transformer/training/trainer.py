@@ -371,8 +371,8 @@ def make_datasets(config, splits, source_tokenizer, target_tokenizer, replicas=1
     return train, train_ds, val_ds
 
 
-# Config fields a resumed or continued run may change: neither the data, the model nor
-# the optimization depends on them.
+# Config fields a resumed or continued run may change: neither the data nor the model
+# depends on them. A cooldown's plan and late dropout's decision do (`resume_plan_warning`).
 RESUMABLE_FIELDS = ("epochs", "keep_checkpoints", "time_budget_minutes")
 # What the run's vocabulary (`prepare_tokenizers`) is made from: until an epoch is trained
 # every other field may change (the data report is counted again when its settings do).
@@ -487,6 +487,14 @@ def _check_new_run_directory(path):
         raise ValueError(
             f"{path} holds other files ({listed}) and is not a run of `train`: choose an "
             "empty or new --output directory.")
+
+
+def _saved_config(run_dir):
+    """The `TrainingConfig` of `run_dir`'s `config.json`, or `None` without one."""
+    path = pathlib.Path(run_dir) / "config.json"
+    if not path.is_file():
+        return None
+    return TrainingConfig.from_dict(json.loads(path.read_text()))
 
 
 def check_resumable(config, run_dir):
@@ -957,6 +965,8 @@ def _train(config, output_dir, write_dir, strategy, data_dir, local_dir, make_tr
         # A TFDS source may have chosen the languages: the run records the ones used.
         config = config.replace(source_lang=source.source_lang, target_lang=source.target_lang)
         check_resumable(config, write_dir)
+        # What an interrupted run was planned with, before its config.json is rewritten.
+        saved_config = _saved_config(write_dir)
         _remove_partial_files(write_dir)
 
         # Where this run stands: a backup (interrupted), a final model (finished) or nothing.
@@ -1069,6 +1079,11 @@ def _train(config, output_dir, write_dir, strategy, data_dir, local_dir, make_tr
     warning = warmup_warning(config, steps_per_epoch) if chief and not finished else None
     if warning:
         print(warning, file=sys.stderr, flush=True)
+    if chief and initial_epoch and continue_from is None and saved_config is not None:
+        warning = resume_plan_warning(saved_config, config, previous["epoch_seconds"],
+                                      steps_per_epoch)
+        if warning:
+            print(warning, file=sys.stderr, flush=True)
     if verbose == "auto":
         verbose = 1 if getattr(sys.stdout, "isatty", lambda: False)() else 2
     if report_padding and chief:
@@ -1187,19 +1202,20 @@ def _nothing_to_train(config, epochs_done, record):
     if config.epochs <= epochs_done:
         return (f"a finished run of {epochs_done} epoch(s); nothing to train (pass a larger "
                 "--epochs, or epochs= from Python, to continue it)")
-    if time_budget_reached(record["epoch_seconds"], config.time_budget_minutes):
-        seconds = record["epoch_seconds"]
+    seconds = record["epoch_seconds"]
+    if time_budget_reached(seconds, config.time_budget_minutes):
         next_epoch = predicted_epoch_seconds(seconds)
-        needed = math.ceil((sum(seconds) + next_epoch) / 60 * 100) / 100
         return (f"a run of {epochs_done} epoch(s) that its time budget of "
                 f"{config.time_budget_minutes:g} minutes stopped; nothing to train (its next "
                 f"epoch is predicted to take {next_epoch / 60:.2f} min, as its longest after "
-                f"the first: set time_budget_minutes to at least {needed:g} to continue it)")
+                "the first: set time_budget_minutes to at least "
+                f"{budget_to_continue(config, seconds, epochs_done):g} to continue it)")
     if (config.lr_cooldown and config.time_budget_minutes
-            and planned_epochs(config, record["epoch_seconds"]) <= epochs_done):
+            and planned_epochs(config, seconds) <= epochs_done):
         return (f"a run of {epochs_done} epoch(s) whose learning rate cooled down to zero as "
                 f"its time budget of {config.time_budget_minutes:g} minutes planned; nothing "
-                "to train (set a larger time_budget_minutes to continue it)")
+                "to train (set time_budget_minutes to at least "
+                f"{budget_to_continue(config, seconds, epochs_done):g} to continue it)")
     stopped = record.get("stopped") or {}
     if stopped.get("epochs") == epochs_done and config.epochs <= stopped.get("planned", 0):
         return (f"a run of {epochs_done} of {stopped['planned']} epoch(s) that a callback "
@@ -1258,6 +1274,101 @@ def warmup_warning(config, steps_per_epoch):
             f"reach only {share:.0%} of its peak, and a model trained so little translates "
             f"little. Warm up over a fraction of the run (e.g. --set "
             f"warmup_steps={suggestion}), or train more epochs or on more data.")
+
+
+def resume_plan_warning(saved, config, epoch_seconds, steps_per_epoch):
+    """The warning for an interrupted run resumed with another `epochs` or
+    `time_budget_minutes` than `saved` (the config it trained with; both may change,
+    `RESUMABLE_FIELDS`), when that changes what the run does from the resumed update on:
+    its learning rate, where its cooldown is planned over the run's length, and whether
+    late dropout applies, where it is decided on the planned length. Either is replanned
+    as if the new value had applied from the start. `None` when neither changes (say, a
+    larger budget before the cooldown has begun: the plan follows it as it would have).
+
+    Args:
+        saved: `TrainingConfig`, the run's own.
+        config: `TrainingConfig`, the one it resumes with.
+        epoch_seconds: list of float, the times of the epochs trained (`history.json`).
+        steps_per_epoch: int, the run's updates per epoch.
+    """
+    changed = [name for name in ("epochs", "time_budget_minutes")
+               if getattr(saved, name) != getattr(config, name)]
+    if not changed:
+        return None
+    done = len(epoch_seconds)
+    step = done * steps_per_epoch
+
+    def multiplier(run):
+        total = run.epochs * steps_per_epoch
+        cool = cooldown_steps(run.lr_cooldown, total)
+        if run.time_budget_minutes is not None:  # `BudgetCooldown`'s plan, if it has one
+            _, planned_total, planned_cool = plan_cooldown(
+                epoch_seconds, run.time_budget_minutes, run.epochs, steps_per_epoch,
+                run.lr_cooldown)
+            if planned_cool:
+                total, cool = planned_total, planned_cool
+        return float(cooldown_multiplier(step, total, cool, run.lr_cooldown_shape, np))
+
+    changes = []
+    if config.lr_cooldown:
+        before, now = multiplier(saved), multiplier(config)
+        if not math.isclose(before, now, abs_tol=1e-6):
+            changes.append(
+                f"the learning rate's cooldown, planned over the run's length, multiplies "
+                f"update {step + 1} by {now:.3f} (the run as it was planned: {before:.3f})")
+    after = config.late_dropout_after
+    if config.late_dropout is not None and config.late_dropout_min_epochs and done > after:
+        def applies(run):
+            return planned_epochs(run, epoch_seconds[:after]) >= run.late_dropout_min_epochs
+
+        if applies(saved) != applies(config):
+            changes.append(
+                f"late dropout ({config.late_dropout:g} from epoch {after + 1}), decided on "
+                f"the planned length, {'now applies' if applies(config) else 'no longer applies'}")
+    if not changes:
+        return None
+    values = ", ".join(f"{name} {getattr(saved, name)} -> {getattr(config, name)}"
+                       for name in changed)
+    return (f"Warning: resuming after epoch {done} with {values}: {'; '.join(changes)}. "
+            "The plan is made as if the new value had applied from the start. To resume the "
+            "run as it was planned, give it its own values; to lengthen it, let it finish "
+            "and continue it.")
+
+
+def budget_to_continue(config, epoch_seconds, epochs_done):
+    """The least time budget, in minutes to the hundredth, under which a run that trained
+    `epochs_done` epochs (taking `epoch_seconds`) trains another: its next epoch fits
+    (`time_budget_reached`) and, with a cooldown, the plan `planned_epochs` replays with
+    that budget holds more epochs than were trained (a plan stays once its cooldown has
+    begun, so the next epoch fitting is not enough). `config.epochs` must be larger than
+    `epochs_done`.
+
+    Example:
+
+    >>> from keras_transformer.training import get_preset
+    >>> seconds = [426.0, 315.0, 337.0, 379.0, 378.0, 402.0, 347.0, 390.0]
+    >>> config = get_preset("multi30k")  # a 55-minute budget, the last 30% a cooldown
+    >>> budget_to_continue(config.replace(lr_cooldown=0.0), seconds, 8)  # the next epoch
+    56.27
+    >>> budget_to_continue(config, seconds, 8)  # a plan of 9 epochs
+    57.39
+    """
+    def continues(hundredths):
+        minutes = hundredths / 100
+        if time_budget_reached(epoch_seconds, minutes):
+            return False
+        return not config.lr_cooldown or planned_epochs(
+            config.replace(time_budget_minutes=minutes), epoch_seconds) > epochs_done
+
+    # The next epoch must fit; a budget that plans all of `config.epochs` continues.
+    low = math.ceil((sum(epoch_seconds) + predicted_epoch_seconds(epoch_seconds)) / 60 * 100)
+    high = low
+    while not continues(high):
+        low, high = high + 1, 2 * high
+    while low < high:  # more budget never plans fewer epochs
+        middle = (low + high) // 2
+        low, high = (low, middle) if continues(middle) else (middle + 1, high)
+    return high / 100
 
 
 def planned_epochs(config, epoch_seconds):

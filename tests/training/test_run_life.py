@@ -505,6 +505,29 @@ def test_a_budget_too_small_to_continue_says_how_large_it_must_be():
     assert _nothing_to_train(config.replace(time_budget_minutes=0.25), 1, record) is None
 
 
+@pytest.mark.parametrize("seconds", [
+    # The budget stops the run (its next epoch would overrun it).
+    [426.0, 315.0, 337.0, 379.0, 378.0, 402.0, 347.0, 390.0],
+    # Time is left, but the cooldown, planned after epoch 5, ended the rate after 8.
+    [400.0] * 6 + [100.0] * 2,
+])
+def test_the_budget_said_to_continue_a_cooled_down_run_continues_it(seconds):
+    # With a cooldown the budget must also plan more epochs than were trained: the advice
+    # was computed from the next epoch's time alone (56.27 for the first run), and a rerun
+    # with it was refused again, as a run whose learning rate had cooled down.
+    import re
+
+    from keras_transformer.training.trainer import _nothing_to_train
+
+    config = get_preset("multi30k")
+    record = {"epoch_seconds": seconds, "history": {}}
+    message = _nothing_to_train(config, 8, record)
+    minutes = float(re.search(r"time_budget_minutes to at least ([0-9.]+)", message).group(1))
+    assert _nothing_to_train(config.replace(time_budget_minutes=minutes), 8, record) is None
+    # The least such budget, to the hundredth.
+    assert _nothing_to_train(config.replace(time_budget_minutes=minutes - 0.01), 8, record)
+
+
 def test_planned_epochs_follow_the_budget_and_its_cooldown_plan():
     config = get_preset("tiny").replace(epochs=40)
     assert planned_epochs(config, [10.0] * 12) == 40  # no budget: `epochs`
@@ -659,3 +682,32 @@ def test_a_vocabulary_without_its_record_of_training_files_is_trained_again(tmp_
 
 def _killed(*args, **kwargs):
     raise KeyboardInterrupt
+
+
+def test_resuming_with_another_length_says_what_changes_at_the_resumed_update():
+    # `epochs` and `time_budget_minutes` may change when a run resumes, but a cooldown is
+    # planned over the run's length and late dropout is decided on it: the rate jumped
+    # (0.667 -> 0.196 of the schedule) with nothing said.
+    from keras_transformer.training.trainer import resume_plan_warning
+
+    fixed = get_preset("tiny").replace(epochs=20, lr_cooldown=0.3)
+    message = resume_plan_warning(fixed, fixed.replace(epochs=17), [60.0] * 16, 10)
+    assert "epochs 20 -> 17" in message and "0.196" in message and "0.667" in message
+
+    budget = get_preset("tiny").replace(epochs=40, lr_cooldown=0.3, time_budget_minutes=90)
+    message = resume_plan_warning(budget, budget.replace(time_budget_minutes=60),
+                                  [600.0] * 5, 100)
+    assert "time_budget_minutes 90 -> 60" in message and "0.556" in message
+    assert "1.000" in message
+
+    # A larger budget before the cooldown has begun: the plan follows it as it would have.
+    assert resume_plan_warning(budget.replace(time_budget_minutes=55),
+                               budget.replace(time_budget_minutes=70), [600.0] * 3, 100) is None
+    # No cooldown: the rate does not depend on the run's length.
+    assert resume_plan_warning(fixed.replace(lr_cooldown=0.0),
+                               fixed.replace(lr_cooldown=0.0, epochs=17), [60.0] * 16, 10) is None
+
+    late = get_preset("multi30k")
+    message = resume_plan_warning(late, late.replace(time_budget_minutes=45), [95.0] * 13, 356)
+    assert "late dropout" in message.lower() and "0.3" in message
+    assert "learning rate" not in message  # the cooldown had not begun under either plan
