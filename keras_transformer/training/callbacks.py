@@ -5,6 +5,7 @@ import importlib.util
 import json
 import logging
 import math
+import numbers
 import os
 import time
 
@@ -710,6 +711,13 @@ def read_run_history(path, epochs=None):
     return record
 
 
+def _check_budget(minutes):
+    """Refuses a time budget that is not a finite number of minutes > 0."""
+    if isinstance(minutes, bool) or not isinstance(minutes, numbers.Real) or not (
+            0 < minutes < math.inf):
+        raise ValueError(f"`minutes` must be a finite number > 0. Received: {minutes!r}")
+
+
 def time_budget_reached(epoch_seconds, minutes):
     """Whether one more epoch would end after `minutes` of training.
 
@@ -790,8 +798,7 @@ class TimeBudget(keras.callbacks.Callback):
 
     def __init__(self, minutes, run_history):
         super().__init__()
-        if not minutes or minutes <= 0:
-            raise ValueError(f"`minutes` must be > 0. Received: {minutes}")
+        _check_budget(minutes)
         self.minutes = float(minutes)
         self.run_history = run_history
         self.stopped_epoch = None
@@ -819,8 +826,10 @@ def plan_cooldown(epoch_seconds, minutes, max_epochs, steps_per_epoch, fraction)
     `fraction` of that many epochs' updates (`cooldown_steps`). Updates before the
     cooldown do not depend on the run's length, so the plan follows the prediction until its
     cooldown has begun (`epochs * (1 - fraction)` epochs done), then stays; it is always
-    made once after the first epoch. A cooldown the new plan would have begun already begins
-    now, shorter. The number of epochs planned does not depend on `steps_per_epoch`.
+    made once after the first epoch, so the first plan's cooldown begins after the first
+    epoch at the earliest (the rate would otherwise rise again where the second plan moves
+    it: `fraction > 1 - 1 / max_epochs`). A cooldown the new plan would have begun already
+    begins now, shorter. The number of epochs planned does not depend on `steps_per_epoch`.
 
     Args:
         epoch_seconds: list of float, the wall time of every epoch trained so far.
@@ -843,7 +852,10 @@ def plan_cooldown(epoch_seconds, minutes, max_epochs, steps_per_epoch, fraction)
     >>> plan_cooldown([600.0] * 5 + [900.0], 60, 30, 100, 0.25)  # cooldown began at 4.5
     (6, 600, 150)
     """
-    epochs, replanned_at = max_epochs, 0
+    # Before any epoch is timed the plan is `max_epochs` long and made again after the
+    # first: a cooldown begins after that epoch at the earliest, so that the rate never
+    # rises where the new plan moves it (a run of one epoch has no later plan).
+    epochs, replanned_at = max_epochs, min(1, max_epochs - 1)
     for done in range(1, len(epoch_seconds) + 1):
         if done > 1 and done > epochs * (1.0 - fraction):
             break  # the cooldown has begun: the plan stays
@@ -871,33 +883,42 @@ class BudgetCooldown(keras.callbacks.Callback):
         fraction: float in (0, 1], the cooldown's share of the run's updates.
         minutes: float, the time budget.
         run_history: the run's `RunHistory`.
+        max_epochs: int or `None`, the most epochs the run may train (its `epochs`).
+            Defaults to `None`: `fit`'s `epochs`, which differ from the run's when `fit` is
+            only to save a finished run again (the trainer passes its `epochs`).
     """
 
-    def __init__(self, schedule, fraction, minutes, run_history):
+    def __init__(self, schedule, fraction, minutes, run_history, max_epochs=None):
         super().__init__()
         if not 0.0 < fraction <= 1.0:
             raise ValueError(f"`fraction` must be in (0, 1]. Received: {fraction}")
+        _check_budget(minutes)
         self.schedule = schedule
         self.fraction = float(fraction)
         self.minutes = float(minutes)
         self.run_history = run_history
+        self.max_epochs = max_epochs
         self.planned_epochs = None
 
     def _plan(self):
+        done = len(self.run_history.epoch_seconds)
         epochs, total, cool = plan_cooldown(
-            self.run_history.epoch_seconds, self.minutes, self.params["epochs"],
-            self.params["steps"], self.fraction,
+            self.run_history.epoch_seconds, self.minutes,
+            self.max_epochs or self.params["epochs"], self.params["steps"], self.fraction,
         )
+        # A `fit` with no epoch to train (a finished run saved again) says nothing.
+        quiet = self.params["epochs"] <= done
         if not cool:  # the budget ends the run now: no update left to cool down
-            if self.planned_epochs != epochs:
+            if self.planned_epochs != epochs and not quiet:
                 print(f"Learning-rate cooldown: the {self.minutes:g}-minute budget ends the "
                       f"run after epoch {epochs}, before its cooldown could begin.",
                       flush=True)
         elif (total, cool) != (self.schedule.total_steps, self.schedule.cooldown_steps):
             self.schedule.set_run_length(total, cool)
-            print(f"Learning-rate cooldown: the {self.minutes:g}-minute budget is predicted "
-                  f"to hold {epochs} epoch(s); the rate falls to zero over the last {cool} "
-                  f"of {total} updates.", flush=True)
+            if not quiet:
+                print(f"Learning-rate cooldown: the {self.minutes:g}-minute budget is "
+                      f"predicted to hold {epochs} epoch(s); the rate falls to zero over the "
+                      f"last {cool} of {total} updates.", flush=True)
         self.planned_epochs = epochs
 
     def on_train_begin(self, logs=None):
@@ -1094,6 +1115,7 @@ def make_callbacks(
     time_budget_minutes=None,
     cooldown_schedule=None,
     cooldown_fraction=0.0,
+    max_epochs=None,
     final_model_path=None,
     seed=None,
     resume_epoch=None,
@@ -1161,6 +1183,8 @@ def make_callbacks(
         cooldown_fraction: float, with `time_budget_minutes`, plan the cooldown of
             `cooldown_schedule` over this share of the updates the budget is predicted to
             hold (see `BudgetCooldown`); `0` plans nothing. Defaults to `0.0`.
+        max_epochs: int or `None`, the run's `epochs`, which bound that plan (see
+            `BudgetCooldown`). Defaults to `None`: `fit`'s.
         final_model_path: str or `None`, where to save the trained model when `fit` ends
             (atomically, before the backup is deleted). Defaults to `None`.
         seed: int or `None`, the run's seed, from which `DropoutSeeds` sets the dropout
@@ -1229,7 +1253,8 @@ def make_callbacks(
         callbacks.append(TimeBudget(time_budget_minutes, run_history))
         if cooldown_fraction:
             callbacks.append(BudgetCooldown(
-                cooldown_schedule, cooldown_fraction, time_budget_minutes, run_history))
+                cooldown_schedule, cooldown_fraction, time_budget_minutes, run_history,
+                max_epochs=max_epochs))
     elif cooldown_fraction:
         raise ValueError("`cooldown_fraction` is planned within a `time_budget_minutes`.")
     callbacks.extend(more_callbacks or ())

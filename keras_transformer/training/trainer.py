@@ -1152,6 +1152,7 @@ def _train(config, output_dir, write_dir, strategy, data_dir, local_dir, make_tr
         time_budget_minutes=config.time_budget_minutes,
         cooldown_schedule=learning_rate_schedule(model.optimizer),
         cooldown_fraction=config.lr_cooldown if config.time_budget_minutes else 0.0,
+        max_epochs=config.epochs,
         final_model_path=str(write_dir / "model.keras") if chief else None,
         seed=config.seed,
         resume_epoch=resume_epoch,

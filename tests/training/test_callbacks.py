@@ -2,6 +2,7 @@
 
 import importlib.util
 import json
+import math
 import os
 import re
 
@@ -419,6 +420,28 @@ def test_plan_cooldown_follows_the_budget_until_the_cooldown_begins():
                     for steps in (1, 7, 10, 269)}) == 1
 
 
+@pytest.mark.parametrize("fraction", [0.3, 0.8, 1.0])
+@pytest.mark.parametrize("max_epochs", [2, 3, 5, 40])
+def test_the_planned_rate_never_rises_as_the_plan_is_made_again(fraction, max_epochs):
+    # The plan made before any epoch is timed (`epochs` long) put a long cooldown's start
+    # inside the first epoch; the plan made after it began that cooldown again at 1.0:
+    # with fraction 1 and 3 epochs, 0.7 at the first epoch's last update, then 1.0.
+    from keras_transformer.training.callbacks import plan_cooldown
+    from keras_transformer.training.schedules import cooldown_multiplier
+
+    steps = 10
+    for seconds in ([600.0] * 6, [600.0, 300.0, 900.0, 600.0], [300.0] * 6):
+        rates = []
+        for done in range(len(seconds)):
+            epochs, total, cool = plan_cooldown(seconds[:done], 21.0, max_epochs, steps,
+                                                fraction)
+            if done >= epochs:
+                break
+            rates += [float(cooldown_multiplier(step, total, cool, "linear", np)) if cool
+                      else 1.0 for step in range(done * steps, (done + 1) * steps)]
+        assert all(b <= a + 1e-9 for a, b in zip(rates, rates[1:])), (seconds, rates)
+
+
 class _FakeEpochTimes:
     """A `RunHistory` whose epochs take the given seconds (a slower machine, not measured)."""
 
@@ -482,6 +505,42 @@ def test_budget_cooldown_replans_a_resumed_run_from_its_history(tmp_path, capsys
     assert (schedule.total_steps, schedule.cooldown_steps) == (12, 6)  # as uninterrupted
     assert record.record()["epochs"] == 3  # the third and last epoch only
     assert "hold 3 epoch(s); the rate falls to zero over the last 6 of 12" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("minutes", [math.inf, math.nan, -1.0, 0, "55", True])
+def test_budget_callbacks_refuse_a_budget_that_is_not_a_finite_number(tmp_path, minutes):
+    # An infinite or NaN budget was taken, then failed after the first epoch ("cannot
+    # convert float NaN to integer"); BudgetCooldown checked nothing.
+    from keras_transformer.training.callbacks import BudgetCooldown, RunHistory, TimeBudget
+    from keras_transformer.training.schedules import TransformerSchedule
+
+    record = RunHistory(str(tmp_path / "history.json"))
+    schedule = TransformerSchedule(16, 2, total_steps=80, cooldown_steps=40)
+    with pytest.raises(ValueError, match="finite number > 0"):
+        TimeBudget(minutes, record)
+    with pytest.raises(ValueError, match="finite number > 0"):
+        BudgetCooldown(schedule, 0.3, minutes, record)
+    with pytest.raises(ValueError, match="finite number > 0"):
+        make_callbacks(str(tmp_path), run_history=record, time_budget_minutes=minutes)
+
+
+def test_budget_cooldown_of_a_finished_run_saved_again_keeps_its_plan(tmp_path, capsys):
+    # A run its budget ended, killed during its final save, is run again: `fit` gets no
+    # epoch to train (`epochs` = the epochs done). Its cooldown was planned with that as
+    # `max_epochs`, 5 epochs where the run had planned 6: the saved model's schedule ended
+    # at update 500, and a plan was printed for a run that trained nothing.
+    from keras_transformer.training.callbacks import BudgetCooldown
+    from keras_transformer.training.schedules import TransformerSchedule
+
+    seconds = [600.0] * 4 + [900.0]
+    schedule = TransformerSchedule(16, 2, total_steps=4000, cooldown_steps=1200)
+    record = _FakeEpochTimes(str(tmp_path / "history.json"), seconds,
+                             initial={"epoch_seconds": seconds})
+    cooldown = BudgetCooldown(schedule, 0.3, 60.0, record, max_epochs=40)
+    cooldown.set_params({"epochs": 5, "steps": 100})
+    cooldown.on_train_begin()
+    assert (schedule.total_steps, schedule.cooldown_steps) == (600, 180)  # as uninterrupted
+    assert "Learning-rate cooldown" not in capsys.readouterr().out
 
 
 def test_budget_cooldown_says_so_when_the_budget_leaves_no_cooldown(tmp_path, capsys):
