@@ -505,7 +505,9 @@ def cmd_export_ctranslate2(args):
                 "or convert unchecked with --check-sentences 0.") from None
     settings = {"decoding": {"beam_size": args.beam_size, "length_penalty": args.alpha,
                              "max_input_length": args.max_input_length,
-                             "max_output_length": args.max_output_length}, **checkpoint}
+                             "max_output_length": args.max_output_length}, **checkpoint,
+                # Absolute: the record is read from other directories.
+                "checkpoint_path": str(pathlib.Path(checkpoint["checkpoint_path"]).resolve())}
     try:
         path, check = converter.convert_run(args.model, out, args.checkpoint,
                                             check_sentences=sentences, metadata=settings)

@@ -47,6 +47,7 @@ from keras_transformer.export.ctranslate2_translator import (
     SOURCE_MODEL_NAME,
     TARGET_MODEL_NAME,
     CTranslate2Translator,
+    check_position_tables,
     import_ctranslate2,
 )
 from keras_transformer.export.inference import CTRANSLATE2_METADATA_NAME
@@ -270,14 +271,19 @@ def convert(model, source_tokenizer, target_tokenizer, output_dir, quantization=
     if (output_dir / "model.bin").exists():
         raise FileExistsError(f"{output_dir} already holds a CTranslate2 model (model.bin).")
     spec = build_spec(model, source_tokenizer, target_tokenizer, max_positions=max_positions)
+    metadata = dict(metadata or {})
+    decoding = {**DEFAULT_SETTINGS, **metadata.pop("decoding", {})}
+    # The tables' rows, so that every later setting is checked against them too.
+    positions = {"source": spec.encoder.position_encodings.encodings.shape[0],
+                 "target": spec.decoder.position_encodings.encodings.shape[0]}
+    check_position_tables(decoding, positions)
     spec.optimize(quantization=quantization)
     output_dir.mkdir(parents=True, exist_ok=True)
     spec.save(str(output_dir))
     shutil.copyfile(source_tokenizer.model_path, output_dir / SOURCE_MODEL_NAME)
     shutil.copyfile(target_tokenizer.model_path, output_dir / TARGET_MODEL_NAME)
-    metadata = dict(metadata or {})
-    decoding = {**DEFAULT_SETTINGS, **metadata.pop("decoding", {})}
-    record = {"quantization": quantization, **metadata, "decoding": decoding}
+    record = {"quantization": quantization, **metadata, "decoding": decoding,
+              "positions": positions, "ctranslate2": import_ctranslate2().__version__}
     (output_dir / CTRANSLATE2_METADATA_NAME).write_text(json.dumps(record, indent=2) + "\n")
     return output_dir
 
@@ -374,7 +380,8 @@ def convert_run(run_dir, output_dir, checkpoint="best", check_sentences=None, me
     # The direction and the training configuration, as an export records them: `evaluate`
     # finds the run's data and languages in them.
     record = {"source_lang": config.get("source_lang"), "target_lang": config.get("target_lang"),
-              **(metadata or {}), "training_config": config}
+              "run_dir": str(pathlib.Path(run_dir).resolve()), **(metadata or {}),
+              "training_config": config}
     try:
         # Sinusoids for every position the bounds reach.
         convert(model, source_tokenizer, target_tokenizer, staging, metadata=record,
@@ -382,9 +389,17 @@ def convert_run(run_dir, output_dir, checkpoint="best", check_sentences=None, me
                                   bounds.max_output_length))
         check = None
         if check_sentences is not None:
+            check_sentences = list(check_sentences)
             check = compare_greedy(model, source_tokenizer, target_tokenizer, staging,
-                                   list(check_sentences))
+                                   check_sentences)
             _check_agreement(check)
+        # How the conversion was checked, with the rest of its record.
+        record_path = staging / CTRANSLATE2_METADATA_NAME
+        written = json.loads(record_path.read_text())
+        written["check"] = {"sentences": 0} if check is None else {
+            "sentences": len(check_sentences), "compared": check["compared"],
+            "same": check["same"]}
+        record_path.write_text(json.dumps(written, indent=2) + "\n")
         for file in staging.iterdir():
             flush_to_disk(file)
         os.replace(staging, output_dir)  # over an empty directory too

@@ -44,6 +44,33 @@ def has_text(sentence):
                for c in sentence)
 
 
+def check_position_tables(settings, positions):
+    """Refuses decoding bounds past a converted model's position tables.
+
+    CTranslate2 fails in the middle of a batch on a position its table lacks: the source
+    embeds up to `max_input_length` positions (the pieces and END), the target up to
+    `max_output_length`.
+
+    Args:
+        settings: dict with `max_input_length` and `max_output_length`.
+        positions: dict `{"source": rows, "target": rows}` (`keras_transformer.json`'s
+            `"positions"`), or `None` (a directory converted before it was recorded:
+            nothing to check).
+
+    Raises:
+        ValueError: naming the bound, the table and its size.
+    """
+    if not positions:
+        return
+    for name, side in (("max_input_length", "source"), ("max_output_length", "target")):
+        if settings[name] > positions[side]:
+            raise ValueError(
+                f"{name}={settings[name]} exceeds the {side} position table "
+                f"({positions[side]} positions): a sentence that long would fail inside "
+                f"CTranslate2. Use {name} <= {positions[side]} (`--"
+                f"{name.replace('_', '-')} {positions[side]}` when converting).")
+
+
 def import_ctranslate2():
     """The `ctranslate2` module, or an `ImportError` saying how to install it."""
     try:
@@ -143,6 +170,9 @@ class CTranslate2Translator(BatchTranslator):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < least:
                 raise ValueError(f"{name} must be an integer >= {least}, got {value!r}.")
+        check_position_tables({"max_input_length": self.max_input_length,
+                               "max_output_length": self.max_output_length},
+                              self.metadata.get("positions"))
         if not (isinstance(self.length_penalty, (int, float)) and
                 math.isfinite(self.length_penalty) and self.length_penalty >= 0):
             raise ValueError(f"length_penalty must be a number >= 0, got "

@@ -166,7 +166,11 @@ def test_ctranslate2_scores_equal_ours(variant, copy_task, tmp_path):
     for weight in model.weights:
         if weight.path.endswith(("gamma", "beta")):
             weight.assign(np.random.default_rng(0).normal(1.0, 0.3, weight.shape).astype("float32"))
-    path = ctranslate2_converter.convert(model, tokenizer, tokenizer, tmp_path / "ct2")
+    # A learned table bounds the lengths (`convert` refuses bounds past it).
+    bounds = min(variant.get("max_length", 128), 128)
+    path = ctranslate2_converter.convert(
+        model, tokenizer, tokenizer, tmp_path / "ct2",
+        metadata={"decoding": {"max_input_length": bounds, "max_output_length": bounds}})
     translator = ctranslate2.Translator(str(path), device="cpu", intra_threads=1)
     sources, targets = copy_task.held_out[:4], copy_task.held_out[4:8]
     results = translator.score_batch(_pieces(tokenizer, sources), _pieces(tokenizer, targets))
@@ -214,7 +218,8 @@ def test_export_ctranslate2_checks_then_writes_what_translate_and_evaluate_take(
     from keras_transformer import cli
 
     out = tmp_path / "ct2"
-    cli.main(["export-ctranslate2", "--model", str(copy_run), "--out", str(out),
+    monkeypatch.chdir(copy_run.parent)  # the run named by a relative path
+    cli.main(["export-ctranslate2", "--model", copy_run.name, "--out", str(out),
               "--check-sentences", "20", "--beam-size", "3", "--alpha", "0.8"])
     printed = capsys.readouterr().out
     check = re.search(r"greedy check on 20 validation sentences: (\d+) of (\d+) translations "
@@ -225,6 +230,13 @@ def test_export_ctranslate2_checks_then_writes_what_translate_and_evaluate_take(
                                   "max_input_length": 128, "max_output_length": 128}
     assert (record["checkpoint"], record["source_lang"], record["target_lang"]) == (
         "final", "en", "de")
+    # What was converted and how it was checked, readable from anywhere (the path was
+    # relative to the shell's directory; the check's outcome and the version were not kept).
+    assert record["checkpoint_path"] == str((copy_run / "model.keras").resolve())
+    assert record["run_dir"] == str(copy_run.resolve())
+    assert record["check"] == {"sentences": 20, "compared": int(check[2]), "same": int(check[1])}
+    assert record["ctranslate2"] == ctranslate2.__version__
+    assert record["positions"] == {"source": 1024, "target": 1024}
     assert not [p.name for p in tmp_path.iterdir() if p.name != "ct2"]  # no staging left
 
     source, output = tmp_path / "in.en", tmp_path / "out.de"
@@ -277,6 +289,7 @@ def test_export_ctranslate2_refuses_to_skip_its_check_unless_told(copy_run, tmp_
               "--check-sentences", "0"])
     assert "not checked against our model (--check-sentences 0)" in capsys.readouterr().out
     assert (out / "model.bin").is_file()
+    assert json.loads((out / "keras_transformer.json").read_text())["check"] == {"sentences": 0}
 
 
 @pytest.mark.slow

@@ -127,6 +127,28 @@ def test_settings_are_checked(converted):
         open_translator(converted.parent / "elsewhere", compute_type="int8")
 
 
+def test_lengths_past_the_position_table_are_refused_before_any_translation(
+        copy_task, converted, tmp_path):
+    # A translation reaching past the position table failed inside CTranslate2, its whole
+    # batch lost (a traceback from `translate`): only `export-ctranslate2` checked.
+    from keras_transformer.model import build_transformer
+
+    assert read_metadata(converted)["positions"] == {"source": 1024, "target": 1024}
+    with pytest.raises(ValueError, match="max_output_length=1025 exceeds the target "
+                       "position table \\(1024 positions\\)"):
+        CTranslate2Translator(converted, max_output_length=1025)
+    CTranslate2Translator(converted, max_output_length=1024)  # the table's last position
+
+    # `convert` itself, with a learned table shorter than the decoding bounds.
+    learned = build_transformer(copy_task.tokenizer.vocab_size, d_model=16, num_heads=2,
+                                ff_dim=32, num_layers=1, learned_positions=True, max_length=20)
+    with pytest.raises(ValueError, match="max_output_length=32 exceeds the target position "
+                       "table \\(20 positions"):
+        ctranslate2_converter.convert(learned, copy_task.tokenizer, copy_task.tokenizer,
+                                      tmp_path / "learned", metadata={"decoding": DECODING})
+    assert not (tmp_path / "learned").exists()
+
+
 def test_a_missing_ctranslate2_says_how_to_install_it(converted, monkeypatch):
     import sys
 
