@@ -666,7 +666,8 @@ def _check_compute_type(args):
     input is read."""
     from keras_transformer.export.inference import is_ctranslate2_model
 
-    if args.compute_type is not None and not is_ctranslate2_model(args.export):
+    if (args.compute_type is not None and os.path.exists(args.export)  # else: missing
+            and not is_ctranslate2_model(args.export)):
         raise SystemExit(f"keras-transformer {args.command}: --compute-type is a setting of "
                          f"CTranslate2 models (export-ctranslate2 writes them); {args.export} "
                          "is not one.")

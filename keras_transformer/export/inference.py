@@ -75,6 +75,7 @@ def open_translator(path, signature="translate", compute_type=None):
         return CTranslate2Translator(path, signature=signature,
                                      compute_type=compute_type or "default")
     if compute_type is not None:
+        latest_version_dir(path)  # a missing or half-written export, named as such
         raise ValueError(f"compute_type={compute_type!r} is a setting of CTranslate2 models; "
                          f"{path} is not one (keras-transformer export-ctranslate2 writes them).")
     return ExportedTranslator(path, signature=signature)

@@ -140,6 +140,15 @@ def latest_version_dir(path):
     path = pathlib.Path(path)
     if (path / "saved_model.pb").is_file():
         return path
+    if not path.exists():
+        raise FileNotFoundError(
+            f"{path} does not exist; export a run with `keras-transformer export --model "
+            "RUN_DIR --out DIR` (or `export-ctranslate2`).")
+    if (path / "model.bin").is_file():  # `inference.is_ctranslate2_model` found no record
+        raise FileNotFoundError(
+            f"{path} holds a CTranslate2 model.bin without keras_transformer.json: convert "
+            "runs with `keras-transformer export-ctranslate2 --model RUN_DIR --out DIR`, "
+            "which writes both.")
     versions = sorted(
         (p for p in path.iterdir() if p.is_dir() and p.name.isdigit()), key=lambda p: int(p.name)
     ) if path.is_dir() else []

@@ -352,3 +352,25 @@ def test_a_compute_type_is_refused_for_a_savedmodel(exported, tmp_path):
                     ["evaluate", "--src", str(source), "--ref", str(source)]):
         with pytest.raises(SystemExit, match="--compute-type is a setting of CTranslate2"):
             cli.main([*command, "--export", str(exported), "--compute-type", "int8"])
+
+
+def test_a_missing_or_half_export_is_named_as_such(tmp_path):
+    # A mistyped --export said "is neither a SavedModel nor a base directory" (with
+    # --compute-type: "is not" a CTranslate2 model); a CTranslate2 model.bin without its
+    # record was called no SavedModel.
+    from keras_transformer import cli
+    from keras_transformer.export import latest_version_dir
+
+    source = tmp_path / "in.txt"
+    source.write_text("ka lo\n")
+    missing = tmp_path / "ctranslat2"
+    with pytest.raises(FileNotFoundError, match="ctranslat2 does not exist"):
+        latest_version_dir(missing)
+    for extra in ([], ["--compute-type", "int8"]):
+        with pytest.raises(SystemExit, match="ctranslat2 does not exist"):
+            cli.main(["translate", "--input", str(source), "--export", str(missing), *extra])
+    half = tmp_path / "half"
+    half.mkdir()
+    (half / "model.bin").write_bytes(b"\0")
+    with pytest.raises(FileNotFoundError, match="model.bin without keras_transformer.json"):
+        latest_version_dir(half)

@@ -109,7 +109,7 @@ def test_the_directory_is_self_contained_and_recognized(converted, tmp_path):
         ctranslate2_converter.convert(None, None, None, converted)
 
 
-def test_settings_are_checked(converted):
+def test_settings_are_checked(converted, tmp_path):
     with pytest.raises(ValueError, match="no signature 'translate_seeded'"):
         CTranslate2Translator(converted, signature="translate_seeded")
     with pytest.raises(ValueError, match="compute_type 'int9' is not supported"):
@@ -123,8 +123,9 @@ def test_settings_are_checked(converted):
     with pytest.raises(TypeError, match="got one str"):
         CTranslate2Translator(converted).translate("ka lo")
     # A directory that is not a CTranslate2 model (a SavedModel) takes no compute type.
+    (tmp_path / "saved_model.pb").write_bytes(b"")  # found as a SavedModel, not loaded
     with pytest.raises(ValueError, match="compute_type='int8' is a setting of CTranslate2"):
-        open_translator(converted.parent / "elsewhere", compute_type="int8")
+        open_translator(tmp_path, compute_type="int8")
 
 
 def test_lengths_past_the_position_table_are_refused_before_any_translation(
