@@ -962,9 +962,11 @@ def _translate_and_report(args, sources, references, target_lang=None):
     hypotheses = scores.pop("translations")
     for source, hypothesis, reference in list(zip(sources, hypotheses, references))[: args.show]:
         print(f"SRC: {source}\nOUT: {hypothesis}\nREF: {reference}\n")
+    engine = ("" if scores["compute_type"] is None
+              else f", CTranslate2 compute type {scores['compute_type']}")
     print(f"{len(sources)} sentences in {scores['seconds']:.1f}s "
-          f"({scores['sentences_per_second']:.1f}/s, batch {args.batch_size}, first call "
-          "not timed)")
+          f"({scores['sentences_per_second']:.1f}/s, batch {args.batch_size}{engine}, first "
+          "call not timed)")
     print(f"BLEU (cased, detokenized): {scores['bleu']:.2f}")
     print(f"BLEU (lowercased):         {scores['bleu_lowercase']:.2f}")
     print(f"chrF:                      {scores['chrf']:.2f}")

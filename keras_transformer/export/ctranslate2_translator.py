@@ -131,7 +131,10 @@ class CTranslate2Translator(BatchTranslator):
             (faster on CPU; measure its BLEU with `keras-transformer evaluate
             --compute-type int8`), ... Defaults to `"default"`.
         intra_threads: int, threads per batch; 0 lets CTranslate2 choose. Defaults to `0`.
-        inter_threads: int, batches translated at once. Defaults to `1`.
+        inter_threads: int, CTranslate2's replicas, each translating one batch at a time.
+            One `translate` call submits its batches one after another, so more than 1
+            helps only callers that translate from several threads at once (as
+            `benchmarks/decode_vs_ctranslate2.py --callers` does). Defaults to `1`.
 
     Raises:
         FileNotFoundError: when `path` is not such a directory.

@@ -505,8 +505,9 @@ def evaluate_export(path, sources, references, batch_size=64, signature="transla
         `sentences_per_second`, `batch_size`, `signature`, `model_path` (the version
         directory), `translations` (list of str, in order of `sources`) and
         `truncated_lines` (the 1-based numbers of the sources longer than the export's
-        `max_input_length`, cut before translating) and `unfinished_lines` (those whose
-        translation reached its length limit before its end).
+        `max_input_length`, cut before translating), `unfinished_lines` (those whose
+        translation reached its length limit before its end) and `compute_type` (a
+        CTranslate2 model's, `"default"` when not given; `None` for a SavedModel).
     """
     sources, references = list(sources), list(references)
     if len(sources) != len(references):
@@ -536,5 +537,7 @@ def evaluate_export(path, sources, references, batch_size=64, signature="transla
         translations=translations,
         truncated_lines=[number for number, r in enumerate(results, 1) if r["truncated"]],
         unfinished_lines=[number for number, r in enumerate(results, 1) if r["unfinished"]],
+        compute_type=(compute_type or "default") if is_ctranslate2_model(translator.path)
+        else None,
     )
     return result

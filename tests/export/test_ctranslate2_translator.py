@@ -164,6 +164,8 @@ def test_evaluate_export_scores_a_ctranslate2_model(copy_task, converted):
     scores = evaluate_export(converted, sentences, sentences, batch_size=4,
                              signature="translate_greedy", compute_type="int8")
     assert scores["bleu"] > 80 and scores["model_path"] == str(converted)
+    # Two evaluations of one directory, in int8 and as saved, are told apart.
+    assert scores["compute_type"] == "int8"
     json.dumps({k: v for k, v in scores.items() if k != "translations"})
 
 
@@ -183,11 +185,15 @@ def test_the_readmes_serving_code_gives_the_translators_translations(copy_task, 
     code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
     code = code.replace('"runs/quick/ctranslate2"', repr(str(path)))
     long_sentence = " ".join(copy_task.held_out[:40])
-    sentences = [f" {s} " for s in copy_task.held_out[:8]] + [long_sentence]
+    # Lines without text: empty, NUL and C1 controls (byte-fallback pieces, which the
+    # snippet translated into garbage), a zero-width space and a BOM.
+    no_text = ["", "\x00", "\u0080", "\u200b", "\ufeff "]
+    sentences = [f" {s} " for s in copy_task.held_out[:8]] + [long_sentence, *no_text]
     names = {"sentences": sentences}
     exec(compile(code, "README.md", "exec"), names)
     translator = CTranslate2Translator(path, compute_type="int8")
     expected = translator.translate(sentences)
-    assert expected[-1]["truncated"]  # the README's cut is exercised
+    assert expected[-len(no_text) - 1]["truncated"]  # the README's cut is exercised
     assert names["translations"] == [r["translation"] for r in expected]
+    assert names["translations"][-len(no_text):] == [""] * len(no_text)
     assert sum(r["translation"] == s.strip() for r, s in zip(expected, sentences)) >= 6
