@@ -82,7 +82,7 @@ class TransformerSchedule(keras.optimizers.schedules.LearningRateSchedule):
                 f"d_model={d_model!r}, warmup_steps={warmup_steps!r}"
             )
         cooldown_steps = cooldown_steps or 0  # None: no cooldown, as for `total_steps`
-        if not scale > 0 or scale == float("inf"):
+        if not (_is_number(scale) and 0 < scale < math.inf):
             raise ValueError(f"`scale` must be a positive number (the rate's multiplier). "
                              f"Received: scale={scale}")
         if total_steps is not None and not cooldown_steps:

@@ -101,7 +101,8 @@ def test_settings_the_schedule_would_ignore_or_turn_negative_are_refused():
     # negative `scale` gave a negative learning rate.
     with pytest.raises(ValueError, match="total_steps.*cooldown_steps"):
         TransformerSchedule(512, 4000, total_steps=100)
-    for scale in (-1.0, 0.0, float("nan")):
+    # None failed with a bare TypeError; True was taken and saved as a bool.
+    for scale in (-1.0, 0.0, float("nan"), float("inf"), None, True, "0.5"):
         with pytest.raises(ValueError, match="scale"):
             TransformerSchedule(512, 4000, scale=scale)
 
