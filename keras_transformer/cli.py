@@ -665,9 +665,13 @@ def _check_compute_type(args):
     """Refuses `--compute-type` for an export that is not a CTranslate2 model, before any
     input is read."""
     from keras_transformer.export.inference import is_ctranslate2_model
+    from keras_transformer.export.saved_model import latest_version_dir
 
-    if (args.compute_type is not None and os.path.exists(args.export)  # else: missing
-            and not is_ctranslate2_model(args.export)):
+    if args.compute_type is not None and not is_ctranslate2_model(args.export):
+        try:  # a missing or half-written export, named as such
+            latest_version_dir(args.export)
+        except FileNotFoundError as error:
+            raise SystemExit(f"keras-transformer {args.command}: {error}") from None
         raise SystemExit(f"keras-transformer {args.command}: --compute-type is a setting of "
                          f"CTranslate2 models (export-ctranslate2 writes them); {args.export} "
                          "is not one.")

@@ -249,7 +249,8 @@ def convert(model, source_tokenizer, target_tokenizer, output_dir, quantization=
         quantization: str or None, CTranslate2 weight type ("int8", "float16", ...).
             Defaults to `None` (float32; CTranslate2 can still compute in int8 when it
             loads it: `compute_type`).
-        max_positions: int or None, see `build_spec`.
+        max_positions: int or None, rows of a sinusoid table at least (see
+            `build_spec`); the decoding bounds' lengths are always covered.
         metadata: dict or None, written into `keras_transformer.json`; its `"decoding"`
             dict sets `CTranslate2Translator`'s defaults (those of `DEFAULT_SETTINGS` it
             leaves out kept). Defaults to `None`.
@@ -260,6 +261,9 @@ def convert(model, source_tokenizer, target_tokenizer, output_dir, quantization=
 
     Raises:
         FileExistsError: when `output_dir` already holds a `model.bin`.
+        ValueError: when the decoding bounds reach past a learned position table (a
+            sinusoid table is written as long as `max_positions` and the bounds need),
+            before anything is written.
 
     Example (needs a trained run, so not a doctest):
 
@@ -270,9 +274,12 @@ def convert(model, source_tokenizer, target_tokenizer, output_dir, quantization=
     output_dir = pathlib.Path(output_dir)
     if (output_dir / "model.bin").exists():
         raise FileExistsError(f"{output_dir} already holds a CTranslate2 model (model.bin).")
-    spec = build_spec(model, source_tokenizer, target_tokenizer, max_positions=max_positions)
     metadata = dict(metadata or {})
     decoding = {**DEFAULT_SETTINGS, **metadata.pop("decoding", {})}
+    # Sinusoids for every position the bounds reach; a learned table is what it is.
+    max_positions = max(max_positions or DEFAULT_MAX_POSITIONS, decoding["max_input_length"],
+                        decoding["max_output_length"])
+    spec = build_spec(model, source_tokenizer, target_tokenizer, max_positions=max_positions)
     # The tables' rows, so that every later setting is checked against them too.
     positions = {"source": spec.encoder.position_encodings.encodings.shape[0],
                  "target": spec.decoder.position_encodings.encodings.shape[0]}

@@ -144,7 +144,11 @@ def latest_version_dir(path):
         raise FileNotFoundError(
             f"{path} does not exist; export a run with `keras-transformer export --model "
             "RUN_DIR --out DIR` (or `export-ctranslate2`).")
-    if (path / "model.bin").is_file():  # `inference.is_ctranslate2_model` found no record
+    if (path / "model.bin").is_file():
+        if (path / "keras_transformer.json").is_file():  # `inference.is_ctranslate2_model`
+            raise FileNotFoundError(
+                f"{path} is a CTranslate2 model (export-ctranslate2), not a SavedModel: "
+                "`translate`/`evaluate --export` and `CTranslate2Translator` take it.")
         raise FileNotFoundError(
             f"{path} holds a CTranslate2 model.bin without keras_transformer.json: convert "
             "runs with `keras-transformer export-ctranslate2 --model RUN_DIR --out DIR`, "

@@ -1007,6 +1007,11 @@ def _train(config, output_dir, write_dir, strategy, data_dir, local_dir, make_tr
                 print(f"precision 'auto': {precision or 'float32'} on this machine", flush=True)
             keras.config.set_dtype_policy(precision or "float32")
             replicas = strategy.num_replicas_in_sync
+            if chief and initial_epoch and continue_from is None and saved_config is not None:
+                # Said before config.json takes the new values, which the warning names.
+                warning = resume_plan_warning(saved_config, config, previous)
+                if warning:
+                    print(warning, file=sys.stderr, flush=True)
             if chief:
                 # Atomically: other workers may read it (a shared filesystem) at this moment.
                 write_json_atomically(output_dir / "config.json", config.to_dict(), indent=2)
@@ -1079,11 +1084,6 @@ def _train(config, output_dir, write_dir, strategy, data_dir, local_dir, make_tr
     warning = warmup_warning(config, steps_per_epoch) if chief and not finished else None
     if warning:
         print(warning, file=sys.stderr, flush=True)
-    if chief and initial_epoch and continue_from is None and saved_config is not None:
-        warning = resume_plan_warning(saved_config, config, previous["epoch_seconds"],
-                                      steps_per_epoch)
-        if warning:
-            print(warning, file=sys.stderr, flush=True)
     if verbose == "auto":
         verbose = 1 if getattr(sys.stdout, "isatty", lambda: False)() else 2
     if report_padding and chief:
@@ -1209,13 +1209,13 @@ def _nothing_to_train(config, epochs_done, record):
         return (f"a run of {epochs_done} epoch(s) that its time budget of "
                 f"{config.time_budget_minutes:g} minutes stopped; nothing to train (its next "
                 f"epoch is predicted to take {next_epoch / 60:.2f} min, as its longest after "
-                "the first: set time_budget_minutes to at least "
+                f"the first: set time_budget_minutes to "
                 f"{budget_to_continue(config, seconds, epochs_done):g} to continue it)")
     if (config.lr_cooldown and config.time_budget_minutes
             and planned_epochs(config, seconds) <= epochs_done):
         return (f"a run of {epochs_done} epoch(s) whose learning rate cooled down to zero as "
                 f"its time budget of {config.time_budget_minutes:g} minutes planned; nothing "
-                "to train (set time_budget_minutes to at least "
+                "to train (set time_budget_minutes to "
                 f"{budget_to_continue(config, seconds, epochs_done):g} to continue it)")
     stopped = record.get("stopped") or {}
     if stopped.get("epochs") == epochs_done and config.epochs <= stopped.get("planned", 0):
@@ -1277,26 +1277,33 @@ def warmup_warning(config, steps_per_epoch):
             f"warmup_steps={suggestion}), or train more epochs or on more data.")
 
 
-def resume_plan_warning(saved, config, epoch_seconds, steps_per_epoch):
+def resume_plan_warning(saved, config, record):
     """The warning for an interrupted run resumed with another `epochs` or
     `time_budget_minutes` than `saved` (the config it trained with; both may change,
-    `RESUMABLE_FIELDS`), when that changes what the run does from the resumed update on:
+    `RESUMABLE_FIELDS`), when that changes what the run does from the resumed epoch on:
     its learning rate, where its cooldown is planned over the run's length, and whether
     late dropout applies, where it is decided on the planned length. Either is replanned
     as if the new value had applied from the start. `None` when neither changes (say, a
-    larger budget before the cooldown has begun: the plan follows it as it would have).
+    larger budget before the cooldown has begun: the plan follows it as it would have),
+    and for a run that had ended as planned (its final save cut short: the new value
+    continues it, as it would a finished run) or trains nothing now.
 
     Args:
         saved: `TrainingConfig`, the run's own.
         config: `TrainingConfig`, the one it resumes with.
-        epoch_seconds: list of float, the times of the epochs trained (`history.json`).
-        steps_per_epoch: int, the run's updates per epoch.
+        record: dict, the run's history as `read_run_history` reads it (`epoch_seconds`,
+            the times of the epochs trained).
     """
     changed = [name for name in ("epochs", "time_budget_minutes")
                if getattr(saved, name) != getattr(config, name)]
-    if not changed:
-        return None
+    epoch_seconds = record["epoch_seconds"]
     done = len(epoch_seconds)
+    if not changed or _nothing_to_train(saved, done, record) or _nothing_to_train(
+            config, done, record):
+        return None
+    # Multipliers hardly depend on the batches per epoch (only through rounding), and the
+    # warning is said before they are counted.
+    steps_per_epoch = 10_000
     step = done * steps_per_epoch
 
     def multiplier(run):
@@ -1316,7 +1323,8 @@ def resume_plan_warning(saved, config, epoch_seconds, steps_per_epoch):
         if not math.isclose(before, now, abs_tol=1e-6):
             changes.append(
                 f"the learning rate's cooldown, planned over the run's length, multiplies "
-                f"update {step + 1} by {now:.3f} (the run as it was planned: {before:.3f})")
+                f"it by {now:.3f} at epoch {done + 1}'s start (the run as it was planned: "
+                f"{before:.3f})")
     after = config.late_dropout_after
     if config.late_dropout is not None and config.late_dropout_min_epochs and done > after:
         def applies(run):
@@ -1332,16 +1340,18 @@ def resume_plan_warning(saved, config, epoch_seconds, steps_per_epoch):
                        for name in changed)
     return (f"Warning: resuming after epoch {done} with {values}: {'; '.join(changes)}. "
             "The plan is made as if the new value had applied from the start. To resume the "
-            "run as it was planned, give it its own values; to lengthen it, let it finish "
-            "and continue it.")
+            "run as it was planned, stop now and give it its own values; to lengthen it, let "
+            "it finish and continue it.")
 
 
 def budget_to_continue(config, epoch_seconds, epochs_done):
-    """The least time budget, in minutes to the hundredth, under which a run that trained
-    `epochs_done` epochs (taking `epoch_seconds`) trains another: its next epoch fits
-    (`time_budget_reached`) and, with a cooldown, the plan `planned_epochs` replays with
-    that budget holds more epochs than were trained (a plan stays once its cooldown has
-    begun, so the next epoch fitting is not enough). `config.epochs` must be larger than
+    """The least time budget larger than `config.time_budget_minutes`, in minutes to the
+    hundredth, under which a run that trained `epochs_done` epochs (taking
+    `epoch_seconds`) trains another: its next epoch fits (`time_budget_reached`) and, with
+    a cooldown, the plan `planned_epochs` replays with that budget holds more epochs than
+    were trained (a plan stays once its cooldown has begun, so the next epoch fitting is
+    not enough). Not every larger budget does: one that keeps the plan open until a slow
+    epoch shortens it can end the run where it ended. `config.epochs` must be larger than
     `epochs_done`.
 
     Example:
@@ -1361,15 +1371,14 @@ def budget_to_continue(config, epoch_seconds, epochs_done):
         return not config.lr_cooldown or planned_epochs(
             config.replace(time_budget_minutes=minutes), epoch_seconds) > epochs_done
 
-    # The next epoch must fit; a budget that plans all of `config.epochs` continues.
-    low = math.ceil((sum(epoch_seconds) + predicted_epoch_seconds(epoch_seconds)) / 60 * 100)
-    high = low
-    while not continues(high):
-        low, high = high + 1, 2 * high
-    while low < high:  # more budget never plans fewer epochs
-        middle = (low + high) // 2
-        low, high = (low, middle) if continues(middle) else (middle + 1, high)
-    return high / 100
+    # The next epoch must fit (in whole seconds: no rounding up past an exact hundredth).
+    needed = sum(epoch_seconds) + predicted_epoch_seconds(epoch_seconds)
+    hundredths = max(math.ceil(round(needed * 100 / 60, 6)),
+                     math.floor(round(config.time_budget_minutes * 100, 6)) + 1)
+    # Upwards one hundredth at a time: a budget planning all of `config.epochs` continues.
+    while not continues(hundredths):
+        hundredths += 1
+    return hundredths / 100
 
 
 def planned_epochs(config, epoch_seconds):

@@ -374,3 +374,10 @@ def test_a_missing_or_half_export_is_named_as_such(tmp_path):
     (half / "model.bin").write_bytes(b"\0")
     with pytest.raises(FileNotFoundError, match="model.bin without keras_transformer.json"):
         latest_version_dir(half)
+    for extra in ([], ["--compute-type", "int8"]):
+        with pytest.raises(SystemExit, match="model.bin without keras_transformer.json"):
+            cli.main(["translate", "--input", str(source), "--export", str(half), *extra])
+    # A whole CTranslate2 directory, given where a SavedModel is needed, is called one.
+    (half / "keras_transformer.json").write_text("{}")
+    with pytest.raises(FileNotFoundError, match="half is a CTranslate2 model"):
+        latest_version_dir(half)

@@ -148,6 +148,11 @@ def test_lengths_past_the_position_table_are_refused_before_any_translation(
         ctranslate2_converter.convert(learned, copy_task.tokenizer, copy_task.tokenizer,
                                       tmp_path / "learned", metadata={"decoding": DECODING})
     assert not (tmp_path / "learned").exists()
+    # A sinusoid table is written as long as the bounds need.
+    longer = ctranslate2_converter.convert(
+        copy_task.model, copy_task.tokenizer, copy_task.tokenizer, tmp_path / "long",
+        metadata={"decoding": {"max_input_length": 16, "max_output_length": 2000}})
+    assert read_metadata(longer)["positions"] == {"source": 2000, "target": 2000}
 
 
 def test_a_missing_ctranslate2_says_how_to_install_it(converted, monkeypatch):
