@@ -40,6 +40,7 @@ import json
 import os
 import re
 import select
+import socket
 import sys
 import time
 import urllib.error
@@ -127,7 +128,8 @@ def predict_rest(sentences, server=DEFAULT_REST_SERVER, model=DEFAULT_MODEL,
     except (urllib.error.URLError, OSError) as error:
         # Refused or reset (a server restarting) is worth a retry; a timeout is not (the
         # same slow batch again, adding to the server's load).
-        if isinstance(getattr(error, "reason", error), TimeoutError):
+        # `socket.timeout` is `TimeoutError` from Python 3.10 on; before, its own class.
+        if isinstance(getattr(error, "reason", error), (TimeoutError, socket.timeout)):
             raise ServerError(f"{url} did not answer within --timeout {timeout:g} seconds",
                               retryable=False) from error
         raise ServerError(f"Cannot reach {url}: {error}", retryable=True) from error

@@ -208,6 +208,34 @@ def test_a_request_that_timed_out_is_not_sent_again():
             client._parse_args(["--timeout", timeout, "ka"])
 
 
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("python", ["python3.9", "python3.8"])
+def test_a_timeout_is_not_retried_on_older_pythons(python):
+    # The client is standalone; before Python 3.10 a socket timeout is `socket.timeout`,
+    # not a `TimeoutError`: it was taken for "Cannot reach" and the slow batch sent again.
+    import glob
+    import shutil
+
+    # On PATH, or installed by pyenv without being selected (its shim then fails).
+    found = [shutil.which(python),
+             *sorted(glob.glob(os.path.expanduser(f"~/.pyenv/versions/*/bin/{python}")))]
+    runnable = [path for path in found if path and subprocess.run(
+        [path, "-c", "pass"], capture_output=True).returncode == 0]
+    if not runnable:
+        pytest.skip(f"no {python} on this machine")
+    interpreter = runnable[0]
+    with socket.socket() as silent:  # accepts connections, never answers
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(1)
+        completed = subprocess.run(
+            [interpreter, str(CLIENT), "--server", f"http://127.0.0.1:{silent.getsockname()[1]}",
+             "--timeout", "1", "--retries", "2", "A dog runs."],
+            capture_output=True, text=True, timeout=50)
+    assert completed.returncode == 1, completed.stderr
+    assert "did not answer within --timeout 1 seconds" in completed.stderr
+    assert "retrying" not in completed.stderr
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_client_retries_a_full_queue_and_gives_up_after_its_retries(server, exported):
