@@ -482,7 +482,7 @@ def cmd_export_ctranslate2(args):
     try:  # the quick refusals before the model loads
         converter.import_ctranslate2()
         out = converter.check_output_dir(args.out)
-    except (ImportError, FileExistsError) as error:
+    except (ImportError, FileExistsError, ValueError) as error:
         raise SystemExit(f"{command}: {error}") from None
     if not (math.isfinite(args.alpha) and args.alpha >= 0):
         raise SystemExit(f"{command}: --alpha must be a number >= 0, got {args.alpha}.")

@@ -1,6 +1,8 @@
 """A user's mistakes on the command line end in one clear message, never a traceback, and
 nothing is lost: each case is refused before a model loads or a file is written."""
 
+import importlib.util
+
 import pytest
 
 from keras_transformer.cli import main
@@ -313,6 +315,22 @@ def test_export_refuses_versions_tf_serving_cannot_number_and_a_file_as_base(tmp
     (tmp_path / "a_file").write_text("")
     _refused(["export", "--model", str(tmp_path / "run"), "--out", str(tmp_path / "a_file")],
              "a_file", "is a file")
+
+
+@pytest.mark.parametrize("url", ["gs://my-bucket/models/translator", "s3://b/m",
+                                 "file:///srv/models"])
+def test_export_refuses_a_url_as_its_base_directory(tmp_path, monkeypatch, url):
+    # `--out gs://bucket/...` wrote a local directory named `gs:` (the path's `//` became
+    # `/`) and exited 0: a server watching the bucket found no version.
+    from keras_transformer.export.saved_model import check_base_dir
+
+    monkeypatch.chdir(tmp_path)
+    _refused(["export", "--model", str(tmp_path / "run"), "--out", url], "URL")
+    if importlib.util.find_spec("ctranslate2"):
+        _refused(["export-ctranslate2", "--model", str(tmp_path / "run"), "--out", url], "URL")
+    with pytest.raises(ValueError, match="a URL"):
+        check_base_dir(url)
+    assert not list(tmp_path.iterdir())
 
 
 def test_evaluate_refuses_files_that_are_not_utf8(tmp_path):

@@ -38,6 +38,7 @@ engines' greedy translations agree on the run's validation sentences.
 import json
 import os
 import pathlib
+import re
 import shutil
 
 import numpy as np
@@ -336,7 +337,11 @@ def check_output_dir(output_dir):
 
     Raises:
         FileExistsError: naming it.
+        ValueError: for a URL (`gs://...` would be a local directory named `gs:`).
     """
+    if re.match(r"[A-Za-z][A-Za-z0-9+.-]*://", os.fspath(output_dir)):
+        raise ValueError(f"{os.fspath(output_dir)} is a URL: the conversion writes a local "
+                         "directory; convert to a local --out, then copy it.")
     output_dir = pathlib.Path(os.path.realpath(output_dir))
     if output_dir.exists() and not (output_dir.is_dir() and not any(output_dir.iterdir())):
         raise FileExistsError(f"{output_dir} exists and is not an empty directory: give a new "

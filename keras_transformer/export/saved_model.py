@@ -46,6 +46,12 @@ def check_base_dir(base_dir, version=None):
             `version` (or the next free one) is below 1 or past int64.
         FileExistsError: when `base_dir/<version>` exists.
     """
+    if re.match(r"[A-Za-z][A-Za-z0-9+.-]*://", os.fspath(base_dir)):
+        raise ValueError(
+            f"{os.fspath(base_dir)} is a URL: the export writes a local directory (its version "
+            "is staged and renamed into place whole, which object stores do not do). Export "
+            "to a local --out, then copy the version directory to the bucket (`gsutil cp "
+            "-r`, `aws s3 cp --recursive`).")
     base_dir = pathlib.Path(base_dir)
     if base_dir.exists() and not base_dir.is_dir():
         raise ValueError(f"{base_dir} is a file, not a model's base directory (--out): give a "
