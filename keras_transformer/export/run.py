@@ -15,6 +15,7 @@ A run directory (written by `keras-transformer train`) holds:
 
 import json
 import pathlib
+import sys
 
 import keras
 
@@ -172,7 +173,14 @@ def export_run(run_dir, out, checkpoint="best", decoding=None, version=None,
     used, path = resolve_checkpoint(run_dir, checkpoint)
     model, source_tokenizer, target_tokenizer, config = load_run(run_dir, checkpoint,
                                                                  dtype_policy=dtype_policy)
-    direction = data_spec(config)
+    if config:
+        direction = data_spec(config)
+    else:  # its direction and data are unknown: recorded as such, not as data_spec's
+        direction = {"data": "", "data_files": None, "source_lang": "", "target_lang": ""}
+        print(f"Warning: {run_dir} has no config.json: the export records no languages and "
+              "no data (its metadata signature gives empty ones, and `evaluate --split` "
+              "cannot find its data; score it with --src/--ref). Keep config.json with the "
+              "run to record them.", file=sys.stderr, flush=True)
     translator = Translator(
         model, source_tokenizer, target_tokenizer, decoding,
         metadata={"source_lang": direction["source_lang"] or "",

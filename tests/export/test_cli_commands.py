@@ -232,6 +232,20 @@ def test_export_says_which_checkpoint_it_exported(run_without_best, tmp_path, ca
 
 
 @pytest.mark.slow
+def test_a_run_without_its_config_is_exported_without_a_direction(run_without_best, tmp_path,
+                                                                  capsys):
+    # Its direction and data were recorded as Multi30K English->German: the `metadata`
+    # signature told clients a wrong direction, and `evaluate --split` read en-de.
+    from keras_transformer.export import DecodingConfig, export_run
+
+    path = export_run(run_without_best, tmp_path / "export",
+                      decoding=DecodingConfig.for_export(search="greedy", max_output_length=16))
+    metadata = ExportedTranslator(path).metadata
+    assert (metadata["source_lang"], metadata["target_lang"], metadata["data"]) == ("", "", "")
+    assert "has no config.json" in capsys.readouterr().err
+
+
+@pytest.mark.slow
 def test_a_run_exported_from_python_records_what_the_command_records(run_without_best,
                                                                      tmp_path):
     # export/README's Python example (export_translator of a Translator) wrote an export
