@@ -115,6 +115,16 @@ def remove_stale_partials(directory, keep_own=True, pattern=_PARTIAL):
     return removed
 
 
+# `scheme://...`: written as a URL, which no local path is (`gs://b/m` as a path: `gs:/b/m`).
+_URL = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://")
+
+
+def is_url(path):
+    """Whether `path` (str or path-like) is written as a URL (`gs://bucket/...`), which a
+    local directory written in its place would silently not be."""
+    return bool(_URL.match(os.fspath(path)))
+
+
 def absolute_path(path):
     """`path` (str or path-like; `~` expanded) as an absolute path string with symlinks
     resolved: how the command line and `TrainingConfig.data_files` record data files, so a

@@ -38,7 +38,6 @@ engines' greedy translations agree on the run's validation sentences.
 import json
 import os
 import pathlib
-import re
 import shutil
 
 import numpy as np
@@ -54,6 +53,7 @@ from keras_transformer.export.ctranslate2_translator import (
 from keras_transformer.export.inference import CTRANSLATE2_METADATA_NAME
 from keras_transformer.layers.positional_embedding import sinusoidal_encoding
 from keras_transformer.text import END_ID, PAD_ID, START_ID, UNK_ID
+from keras_transformer.textfiles import is_url
 
 # CTranslate2's names of our reserved pieces (SentencePiece's defaults, as our models use).
 SPECIAL_PIECES = {PAD_ID: "<pad>", START_ID: "<s>", END_ID: "</s>", UNK_ID: "<unk>"}
@@ -339,7 +339,7 @@ def check_output_dir(output_dir):
         FileExistsError: naming it.
         ValueError: for a URL (`gs://...` would be a local directory named `gs:`).
     """
-    if re.match(r"[A-Za-z][A-Za-z0-9+.-]*://", os.fspath(output_dir)):
+    if is_url(output_dir):
         raise ValueError(f"{os.fspath(output_dir)} is a URL: the conversion writes a local "
                          "directory; convert to a local --out, then copy it.")
     output_dir = pathlib.Path(os.path.realpath(output_dir))
@@ -395,10 +395,8 @@ def convert_run(run_dir, output_dir, checkpoint="best", check_sentences=None, me
               "run_dir": str(pathlib.Path(run_dir).resolve()), **(metadata or {}),
               "training_config": config}
     try:
-        # Sinusoids for every position the bounds reach.
-        convert(model, source_tokenizer, target_tokenizer, staging, metadata=record,
-                max_positions=max(DEFAULT_MAX_POSITIONS, bounds.max_input_length,
-                                  bounds.max_output_length))
+        # `convert` writes sinusoids for every position the record's bounds reach.
+        convert(model, source_tokenizer, target_tokenizer, staging, metadata=record)
         check = None
         if check_sentences is not None:
             check_sentences = list(check_sentences)

@@ -537,7 +537,7 @@ def evaluate_export(path, sources, references, batch_size=64, signature="transla
         translations=translations,
         truncated_lines=[number for number, r in enumerate(results, 1) if r["truncated"]],
         unfinished_lines=[number for number, r in enumerate(results, 1) if r["unfinished"]],
-        compute_type=(compute_type or "default") if is_ctranslate2_model(translator.path)
+        compute_type=(compute_type or "default") if isinstance(translator, CTranslate2Translator)
         else None,
     )
     return result

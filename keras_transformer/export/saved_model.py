@@ -9,12 +9,15 @@ import time
 
 import tensorflow as tf
 
+from keras_transformer.export.ctranslate2_translator import (
+    METADATA_NAME as CTRANSLATE2_METADATA_NAME,
+)
 from keras_transformer.export.warmup import (
     WARMUP_FILENAME,
     text_signatures,
     write_warmup_requests,
 )
-from keras_transformer.textfiles import remove_stale_partials
+from keras_transformer.textfiles import is_url, remove_stale_partials
 
 # `.tmp-VERSION-PID`: where process PID writes a version before renaming it into place.
 _STAGING = re.compile(r"\.tmp-\d+-(?P<pid>\d+)$")
@@ -46,7 +49,7 @@ def check_base_dir(base_dir, version=None):
             `version` (or the next free one) is below 1 or past int64.
         FileExistsError: when `base_dir/<version>` exists.
     """
-    if re.match(r"[A-Za-z][A-Za-z0-9+.-]*://", os.fspath(base_dir)):
+    if is_url(base_dir):
         raise ValueError(
             f"{os.fspath(base_dir)} is a URL: the export writes a local directory (its version "
             "is staged and renamed into place whole, which object stores do not do). Export "
@@ -151,12 +154,12 @@ def latest_version_dir(path):
             f"{path} does not exist; export a run with `keras-transformer export --model "
             "RUN_DIR --out DIR` (or `export-ctranslate2`).")
     if (path / "model.bin").is_file():
-        if (path / "keras_transformer.json").is_file():  # `inference.is_ctranslate2_model`
+        if (path / CTRANSLATE2_METADATA_NAME).is_file():  # `inference.is_ctranslate2_model`
             raise FileNotFoundError(
                 f"{path} is a CTranslate2 model (export-ctranslate2), not a SavedModel: "
                 "`translate`/`evaluate --export` and `CTranslate2Translator` take it.")
         raise FileNotFoundError(
-            f"{path} holds a CTranslate2 model.bin without keras_transformer.json: convert "
+            f"{path} holds a CTranslate2 model.bin without {CTRANSLATE2_METADATA_NAME}: convert "
             "runs with `keras-transformer export-ctranslate2 --model RUN_DIR --out DIR`, "
             "which writes both.")
     versions = sorted(
