@@ -100,7 +100,11 @@ def assert_symbolic_call_matches_eager(layer, inputs, call_kwargs=None):
     eager = layer(*inputs, **call_kwargs)
     symbolic = layer(*[_symbolic_like(x) for x in inputs], **call_kwargs)
     keras.tree.assert_same_structure(eager, symbolic)
-    for eager_tensor, spec in zip(keras.tree.flatten(eager), keras.tree.flatten(symbolic)):
+    # One tensor object in two places of the nest is one output to a functional model
+    # (`Decoder`'s blocks' scores had been the last block's).
+    flat = keras.tree.flatten(symbolic)
+    assert len({id(spec) for spec in flat}) == len(flat), "a symbolic output is repeated"
+    for eager_tensor, spec in zip(keras.tree.flatten(eager), flat):
         assert isinstance(spec, keras.KerasTensor), type(spec)
         eager_dtype = keras.backend.standardize_dtype(eager_tensor.dtype)
         assert spec.dtype == eager_dtype, (spec, eager_dtype)
@@ -128,7 +132,8 @@ def assert_functional_model_round_trip(layer_cls, init_kwargs, inputs, call_kwar
     """
     inputs = inputs if isinstance(inputs, tuple) else (inputs,)
     symbolic_inputs = [_symbolic_like(x) for x in inputs]
-    outputs = keras.tree.flatten(layer_cls(**init_kwargs)(*symbolic_inputs, **call_kwargs))
+    layer = layer_cls(**init_kwargs)
+    outputs = keras.tree.flatten(layer(*symbolic_inputs, **call_kwargs))
     assert len(outputs) > 1, "the call asked for extra outputs but returned one tensor"
     model = keras.Model(symbolic_inputs, outputs)
     model.compile(optimizer=keras.optimizers.SGD(0.1), loss=["mse"] + [None] * (len(outputs) - 1))
@@ -143,4 +148,9 @@ def assert_functional_model_round_trip(layer_cls, init_kwargs, inputs, call_kwar
     assert len(actual) == len(expected) == len(outputs)
     for a, e in zip(actual, expected):
         np.testing.assert_array_equal(a, e)
+    # Each output is the one the layer returns there when called on the arrays (not only
+    # of its shape: a functional model had output one block's scores for every block).
+    eager = keras.tree.flatten(layer(*inputs, **call_kwargs))
+    for a, e in zip(actual, eager, strict=True):
+        np.testing.assert_allclose(a, to_numpy(e), rtol=1e-5, atol=1e-5)
     return actual

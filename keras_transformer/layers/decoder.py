@@ -189,8 +189,10 @@ class Decoder(Encoder):
                 memory_length = encoder_outputs.shape[1]
             else:
                 memory_length = unpack_decoder_cache(cache, stack=True)[1][0].shape[2]
-            scores = self._decoder_scores_spec(inputs, memory_length, cache is not None)
-            results += ([dict(scores) for _ in range(self.num_layers)],)
+            # A spec of its own for each block: shared tensors made a functional model's
+            # scores of every block the last block's.
+            results += ([self._decoder_scores_spec(inputs, memory_length, cache is not None)
+                         for _ in range(self.num_layers)],)
         if cache is not None:
             self_caches, cross_caches, mask = unpack_decoder_cache(cache, stack=True)
             results += (

@@ -115,6 +115,25 @@ def test_functional_model_outputting_scores_fits_saves_and_reloads(tmp_path):
     assert [s.shape for s in scores] == [(2, H, 3, 5), (2, H, 3, 3)] * 2
 
 
+def test_a_functional_model_outputs_each_blocks_own_scores():
+    # The symbolic call gave every block's scores dict the same two tensors: a model
+    # outputting block 0's cross-attention returned the last block's (and saved so).
+    import keras
+
+    decoder = Decoder(num_layers=2, num_heads=H, ff_dim=FF, dropout=0.0)
+    x, memory = random_array(2, 3, D), random_array(2, 5, D, seed=1)
+    x_in, memory_in = keras.Input((None, D)), keras.Input((None, D))
+    _, scores = decoder(x_in, memory_in, return_attention_scores=True)
+    keys = ("self_attention", "cross_attention")
+    symbolic = [block[key] for block in scores for key in keys]
+    assert len({id(tensor) for tensor in symbolic}) == len(symbolic)
+    got = keras.Model([x_in, memory_in], symbolic)([x, memory])
+    _, eager = decoder(x, memory, return_attention_scores=True)
+    for value, expected in zip(got, [block[key] for block in eager for key in keys],
+                               strict=True):
+        np.testing.assert_allclose(to_numpy(value), to_numpy(expected), atol=1e-6)
+
+
 @NORMS
 def test_cached_decoding_of_sources_of_different_lengths_equals_full_pass(norm_first):
     """Through the public API alone: the cache carries the memory's padding mask."""
