@@ -11,7 +11,8 @@ _UNIFORM_BITS = 24
 
 
 def _check_top_k(top_k):
-    if isinstance(top_k, tf.Tensor) or int(top_k) != top_k or top_k < 0:
+    if (isinstance(top_k, (tf.Tensor, str, bytes, bool, np.bool_))
+            or int(top_k) != top_k or top_k < 0):
         raise ValueError(
             f"`top_k` must be a Python int >= 0 (0 keeps every token), got top_k={top_k!r}."
         )
@@ -33,7 +34,9 @@ def _check_in_range(value, name, low, high, rule):
         `value` (as a float32 tensor behind its run-time check when it was a tensor).
     """
     if not isinstance(value, (tf.Tensor, tf.Variable)):
-        if not low <= float(value) <= high:  # also refuses NaN
+        # A string or a bool passed `float()`: "0.5" failed inside the graph, True was 1.
+        # The comparison also refuses NaN.
+        if isinstance(value, (str, bytes, bool, np.bool_)) or not low <= float(value) <= high:
             raise ValueError(f"`{name}` must be {rule}, got {name}={value!r}.")
         return value
     value = tf.cast(value, tf.float32)
@@ -76,7 +79,8 @@ def top_k_filter(logits, top_k):
     """
     if _check_top_k(top_k) == 0:
         return logits
-    top_k = tf.minimum(top_k, tf.shape(logits)[-1])
+    # Past int32 (the vocabulary's dtype) it keeps every token, as at the vocabulary size.
+    top_k = tf.minimum(min(top_k, tf.int32.max), tf.shape(logits)[-1])
     kth_largest = tf.math.top_k(logits, k=top_k).values[:, -1:]  # (B, 1)
     return tf.where(logits < kth_largest, utils.NEG_INF, logits)
 
@@ -154,6 +158,9 @@ def _row_streams(seed, row_keys, batch_size):
     """`(B, 3)` int64: the random stream of each row, `(seed[0], seed[1], row key)`."""
     if row_keys is None:
         row_keys = tf.range(batch_size, dtype=tf.int64)
+    row_keys = tf.convert_to_tensor(row_keys)
+    if not row_keys.dtype.is_integer:  # fractions were cut: 0.2 and 0.9 one stream
+        raise ValueError(f"`row_keys` must be integers, got dtype {row_keys.dtype.name}.")
     row_keys = tf.cast(row_keys, tf.int64)
     static_batch = tf.get_static_value(batch_size)
     if row_keys.shape.rank not in (1, None) or (

@@ -85,11 +85,12 @@ def export_translator(translator, base_dir, version=None, metadata=None):
     The SavedModel is written to a hidden temporary directory beside its final place and
     renamed when complete, so a model server polling `base_dir` never loads a half-written
     version. Signatures: `serving_default` and `translate` (the export-time search),
-    unless that search is greedy `translate_greedy`, and for a sampling export
-    `translate_seeded(text, seed)` (see `Translator`). The tokenizer models are SavedModel
-    assets; `assets.extra/translator.json` records the decoding settings and `metadata`, and
-    `assets.extra/tf_serving_warmup_requests` holds requests TF Serving replays when it loads
-    the version (`keras_transformer.export.warmup`; not for a `jit_compile` translator).
+    `translate_greedy` (unless that search is greedy), `metadata` (the direction), and for a
+    sampling export `translate_seeded(text, seed)` (see `Translator`). The tokenizer models
+    are SavedModel assets; `assets.extra/translator.json` records the decoding settings and
+    `metadata`, and `assets.extra/tf_serving_warmup_requests` holds requests TF Serving
+    replays when it loads the version (`keras_transformer.export.warmup`; none for the
+    signatures XLA compiles, `Translator.compiled_signatures`).
 
     Args:
         translator: a `Translator`.
@@ -127,9 +128,13 @@ def export_translator(translator, base_dir, version=None, metadata=None):
             **(metadata or {}),
         }
         (extra / "translator.json").write_text(json.dumps(record, indent=2, default=str))
-        if not translator.config.jit_compile:  # see `keras_transformer.export.warmup`
-            write_warmup_requests(extra / WARMUP_FILENAME,
-                                  text_signatures(translator.signatures()))
+        # A signature XLA compiles gets no warm-up request (see
+        # `keras_transformer.export.warmup`): the rest of a `--jit` export gets them.
+        signatures = {name: function for name, function in translator.signatures().items()
+                      if name not in translator.compiled_signatures()}
+        names = text_signatures(signatures)
+        if names:
+            write_warmup_requests(extra / WARMUP_FILENAME, names, signatures=signatures)
         try:
             os.replace(staging, final)
         except OSError as error:

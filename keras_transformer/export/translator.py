@@ -332,6 +332,17 @@ def _tf_variable(variable):
     return inner if isinstance(inner, tf.Variable) else variable
 
 
+def fresh_seed():
+    """A `(2,)` int64 seed drawn anew on every run of the op.
+
+    The random op's own seeds are 0: `tf.random.uniform` took them from the global seed
+    when one was set at trace time (`train()` sets it), and an exported sampling signature
+    then drew the same "fresh" seeds in every process that loaded it.
+    """
+    return tf.raw_ops.RandomUniformInt(shape=[2], minval=tf.constant(0, tf.int64),
+                                       maxval=tf.int64.max, seed=0, seed2=0)
+
+
 class Translator(tf.Module):
     """A trained Transformer with its tokenizers and decoding settings, ready to export.
 
@@ -479,7 +490,12 @@ class Translator(tf.Module):
                 message="`seed` needs one int64 per sentence of `text`",
             )
             with tf.control_dependencies([check]):
-                seeds = tf.identity(seeds)
+                # A row's random stream is its seed mixed with its sentence's fingerprint:
+                # the seed alone made sentences sharing one draw the same number at every
+                # step (one seed repeated over a request gave correlated samples). Still a
+                # function of the sentence and its seed only.
+                seeds = tf.bitwise.bitwise_xor(
+                    seeds, tf.strings.to_hash_bucket_fast(text, tf.int64.max))
         # Bytes past what max_input_length pieces can hold are not tokenized (a 5 MB request
         # took 1.3 s to keep its first pieces): a piece holds at most 16 characters
         # (SentencePiece's max_sentencepiece_length), 64 bytes. The cut may split a
@@ -509,7 +525,13 @@ class Translator(tf.Module):
         width = padded_width(source_lengths, JIT_WIDTH_MULTIPLE if compiles else 1,
                              limit=config.max_input_length)
         source_ids = source.to_tensor(PAD_ID, shape=[batch_size, width])  # (B, S)
+        # A sentence without text translates to nothing, not to what the model makes of it:
+        # an empty or blank line (END alone), or one of zero-width characters, bidi marks
+        # and controls alone, which training drops whatever the vocabulary keeps of them.
+        # Its bound is one token, so it does not keep the batch in the search.
+        empty = (source_lengths <= 1) | tf.strings.regex_full_match(text, NO_TEXT_PATTERN)
         max_lengths = tf.minimum(source_lengths + config.extra_length, config.max_output_length)
+        max_lengths = tf.where(empty, tf.ones_like(max_lengths), max_lengths)
 
         def regular():
             return _outputs(self._search(source_ids, batch_size, max_lengths, search, seeds))
@@ -526,10 +548,6 @@ class Translator(tf.Module):
                 tokens, scores, lengths = tf.cond(rows <= config.jit_max_rows, compiled, regular)
         else:
             tokens, scores, lengths = regular()
-        # A sentence without text translates to nothing, not to what the model makes of it:
-        # an empty or blank line (END alone), or one of zero-width characters, bidi marks
-        # and controls alone, which training drops whatever the vocabulary keeps of them.
-        empty = (source_lengths <= 1) | tf.strings.regex_full_match(text, NO_TEXT_PATTERN)
         # A translation whose last token is not END stopped at its length limit.
         last = tf.gather(tokens, tf.maximum(lengths - 1, 0), axis=1, batch_dims=1)
         return {
@@ -601,9 +619,9 @@ class Translator(tf.Module):
             top_k=config.top_k,
             top_p=config.top_p,
             # Unseeded: a fresh random seed per call, rows apart by their index. Seeded:
-            # each sentence's own seed is its key into one fixed stream, so nothing else
-            # in the batch matters.
-            seed=None if seeds is None else 0,
+            # each sentence's own key (its seed and its text) into one fixed stream, so
+            # nothing else in the batch matters.
+            seed=fresh_seed() if seeds is None else 0,
             row_keys=seeds,
             **common,
         )
@@ -618,6 +636,16 @@ class Translator(tf.Module):
         check_sentence_list(sentences)
         outputs = self.translate(tf.constant([as_bytes(s) for s in sentences], tf.string))
         return [t.decode("utf-8") for t in outputs["translation"].numpy().tolist()]
+
+    def compiled_signatures(self):
+        """The names of the signatures XLA compiles (`jit_compile`): `translate_greedy`, and
+        `translate`/`serving_default` when the export's search is greedy or beam."""
+        if not self.config.jit_compile:
+            return set()
+        names = {"translate_greedy"}
+        if self.config.search in ("greedy", "beam"):
+            names |= {"translate", "serving_default"}
+        return names
 
     def signatures(self):
         """The concrete functions exported as signatures, by name.

@@ -2,9 +2,10 @@
 
 TF Serving reads `assets.extra/tf_serving_warmup_requests` (a TFRecord file of
 `tensorflow.serving.PredictionLog` protos) and runs every request before the version takes
-traffic, so the first users do not pay for graph optimization. A `--jit` export gets none
-(`export_translator`): on a server without `--xla_cpu_compilation_enabled=true` its small
-batches fail, and a failed warm-up request makes TF Serving refuse to load the version.
+traffic, so the first users do not pay for graph optimization. The signatures a `--jit`
+export compiles get none (`Translator.compiled_signatures`; with greedy or beam search that
+is all of them, so no file): on a server without `--xla_cpu_compilation_enabled=true` their
+small batches fail, and a failed warm-up request makes TF Serving refuse to load the version.
 The protos are written here by hand (protobuf's wire format: a handful of length-delimited
 fields), so exporting needs no `tensorflow-serving-api`; the tests parse the file with that
 package's own classes.
@@ -15,7 +16,8 @@ import tensorflow as tf
 
 # The file's name and place, as TF Serving looks for it.
 WARMUP_FILENAME = "tf_serving_warmup_requests"
-# Requests replayed for each signature that takes text: one short sentence (a user's single
+# Requests replayed for each signature that takes text (a sampling export's
+# `translate_seeded` with seed 0 for each sentence): one short sentence (a user's single
 # request) and one longer. One sentence a request: TF Serving refuses a version whose warm-up
 # request fails, as a batch above a server's `max_batch_size` would.
 WARMUP_BATCHES = (
@@ -47,7 +49,8 @@ def prediction_log(signature_name, inputs):
 
     Args:
         signature_name: str, the signature the request calls.
-        inputs: dict of input name to array-like (strings for `text`).
+        inputs: dict of input name to array-like (strings for `text`; a `numpy` array keeps
+            its dtype, e.g. int64 seeds).
 
     Returns:
         bytes, the serialized proto.
@@ -55,28 +58,45 @@ def prediction_log(signature_name, inputs):
     spec = _field(3, signature_name.encode("utf-8"))  # ModelSpec.signature_name
     request = _field(1, spec)  # PredictRequest.model_spec
     for name, value in sorted(inputs.items()):  # PredictRequest.inputs, a map
-        tensor = tf.make_tensor_proto(np.asarray(value, dtype=object)).SerializeToString()
+        array = value if isinstance(value, np.ndarray) else np.asarray(value, dtype=object)
+        tensor = tf.make_tensor_proto(array).SerializeToString()
         request += _field(2, _field(1, name.encode("utf-8")) + _field(2, tensor))
     return _field(6, _field(1, request))  # PredictionLog.predict_log.request
 
 
+# Inputs a warm-up request may carry besides `text`: one value per sentence.
+_PER_SENTENCE_INPUTS = {"seed": np.int64}
+
+
 def text_signatures(signatures):
-    """The names of `signatures` (name -> concrete function) whose only input is `text`."""
+    """The names of `signatures` (name -> concrete function) whose inputs are `text` and,
+    optionally, per-sentence inputs the warm-up can fill (`seed`, of `translate_seeded`)."""
     names = []
     for name, function in signatures.items():
         specs = tf.nest.flatten(function.structured_input_signature)
-        if [getattr(spec, "name", None) for spec in specs] == ["text"]:
+        inputs = [getattr(spec, "name", None) for spec in specs]
+        if "text" in inputs and set(inputs) - {"text"} <= set(_PER_SENTENCE_INPUTS):
             names.append(name)
     return sorted(names)
 
 
-def write_warmup_requests(path, signature_names, batches=WARMUP_BATCHES):
+def _request_inputs(signature_inputs, batch):
+    inputs = {"text": list(batch)}
+    for name in signature_inputs:
+        if name in _PER_SENTENCE_INPUTS:
+            inputs[name] = np.zeros(len(batch), _PER_SENTENCE_INPUTS[name])
+    return inputs
+
+
+def write_warmup_requests(path, signature_names, batches=WARMUP_BATCHES, signatures=None):
     """Writes the warm-up file: every batch of `batches` for every signature named.
 
     Args:
         path: str or path-like, the file (`assets.extra/tf_serving_warmup_requests`).
-        signature_names: iterable of str, signatures taking one `text` input.
+        signature_names: iterable of str, signatures taking a `text` input.
         batches: sequence of sequences of str, the sentences of each request.
+        signatures: optional dict of name -> concrete function: a signature that also takes
+            a per-sentence input (`seed`) gets it, zeros, in its requests.
 
     Returns:
         int, the number of requests written.
@@ -84,7 +104,11 @@ def write_warmup_requests(path, signature_names, batches=WARMUP_BATCHES):
     count = 0
     with tf.io.TFRecordWriter(str(path)) as writer:
         for name in signature_names:
+            inputs = ["text"]
+            if signatures is not None:
+                specs = tf.nest.flatten(signatures[name].structured_input_signature)
+                inputs = [getattr(spec, "name", None) for spec in specs]
             for batch in batches:
-                writer.write(prediction_log(name, {"text": list(batch)}))
+                writer.write(prediction_log(name, _request_inputs(inputs, batch)))
                 count += 1
     return count

@@ -111,11 +111,24 @@ def test_near_zero_temperature_behaves_like_greedy():
         (dict(temperature=float("nan")), "temperature"),
         (dict(top_p=1e-40), "top_p"),
         (dict(top_k=2.5), "top_k"),
+        # `float()` took a string and a bool: "0.5" failed inside the graph naming nothing,
+        # True was a temperature of 1.
+        (dict(temperature="0.5"), "temperature"),
+        (dict(temperature=True), "temperature"),
+        (dict(top_p="0.9"), "top_p"),
+        (dict(top_k=True), "top_k"),
     ],
 )
 def test_invalid_sampling_settings_are_refused(settings, message):
     with pytest.raises(ValueError, match=message):
         sample(NeverEndModel().next_logits, {}, 2, 3, seed=1, **settings)
+
+
+def test_a_top_k_past_int32_keeps_every_token():
+    # It passed the checks, then failed converting to int32 in the graph (a TypeError the
+    # command line did not catch: a traceback after the model had loaded).
+    logits = tf.math.log(tf.constant([_PROBS + 1e-9], tf.float32))
+    np.testing.assert_array_equal(top_k_filter(logits, 3 * 10**9), logits)
 
 
 def test_filters_refuse_invalid_values():
@@ -190,6 +203,9 @@ def test_invalid_seeds_and_row_keys_are_refused_naming_them():
             sample(model.next_logits, {}, 3, 3, seed=seed)
     with pytest.raises(ValueError, match="row_keys"):
         sample(model.next_logits, {}, 3, 3, seed=1, row_keys=[4, 5])
+    # Fractional keys were cut to integers: 0.2 and 0.9 were one stream.
+    with pytest.raises(ValueError, match="row_keys"):
+        sample(model.next_logits, {}, 2, 3, seed=1, row_keys=tf.constant([0.2, 0.9]))
     # What is accepted: ints (NumPy's too), a scalar or (2,) int tensor.
     for seed in (7, np.int64(7), tf.constant(7), tf.constant([7, 0])):
         np.testing.assert_array_equal(

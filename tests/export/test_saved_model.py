@@ -417,3 +417,57 @@ def test_sampling_export_takes_one_seed_per_sentence_in_saved_model_cli(
     # Seeds of another rank are refused as `text` is (a (B, 1) column had been flattened).
     with pytest.raises(tf.errors.InvalidArgumentError, match="Shape of tensor seed"):
         seeded(text=tf.constant(sentences), seed=tf.constant([[s] for s in seeds], tf.int64))
+
+
+def warmup_signature_names(saved_model_dir):
+    from tensorflow_serving.apis import prediction_log_pb2
+
+    path = pathlib.Path(saved_model_dir) / "assets.extra" / "tf_serving_warmup_requests"
+    return sorted(prediction_log_pb2.PredictionLog.FromString(record.numpy())
+                  .predict_log.request.model_spec.signature_name
+                  for record in tf.data.TFRecordDataset(str(path)))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("search", ["sample", "greedy_uncached"])
+def test_a_jit_export_warms_up_the_signatures_xla_does_not_compile(copy_task, tmp_path,
+                                                                    search):
+    """A `--jit` export carried no warm-up file, since its compiled signatures fail on a
+    server without the XLA flag; but with `--search sample` or `greedy_uncached` only
+    `translate_greedy` compiles, and `translate` paid its first request's optimization."""
+    saved_model_dir = export_translator(
+        copy_task.translator(search=search, jit_compile=True), tmp_path / search)
+    expected = {"sample": ["serving_default", "translate", "translate_seeded"],
+                "greedy_uncached": ["serving_default", "translate"]}[search]
+    assert warmup_signature_names(saved_model_dir) == sorted(expected * 2)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_sampling_export_warms_up_translate_seeded_too(sampling_export):
+    """The warm-up file covered the signatures taking `text` alone: a sampling export's
+    `translate_seeded(text, seed)` paid ~1 s of graph optimization on its first request.
+    Its requests carry one int64 seed per sentence and run as the server replays them."""
+    import tensorflow_text  # noqa: F401
+    from tensorflow_serving.apis import prediction_log_pb2
+
+    _, saved_model_dir = sampling_export
+    path = saved_model_dir / "assets.extra" / "tf_serving_warmup_requests"
+    requests = [prediction_log_pb2.PredictionLog.FromString(record.numpy()).predict_log.request
+                for record in tf.data.TFRecordDataset(str(path))]
+    seeded = [r for r in requests if r.model_spec.signature_name == "translate_seeded"]
+    assert len(seeded) == 2 and all(set(r.inputs) == {"text", "seed"} for r in seeded)
+    assert {r.model_spec.signature_name for r in requests} == set(
+        signature_defs(saved_model_dir)) - {"metadata", "__saved_model_init_op"}
+    with tf.Graph().as_default(), tf.compat.v1.Session() as session:
+        meta_graph = tf.compat.v1.saved_model.loader.load(session, ["serve"],
+                                                          str(saved_model_dir))
+        for request in seeded:
+            signature = meta_graph.signature_def["translate_seeded"]
+            text, seed = (tf.make_ndarray(request.inputs[name]) for name in ("text", "seed"))
+            assert seed.dtype == np.int64 and seed.shape == text.shape == (1,)
+            translations = session.run(signature.outputs["translation"].name,
+                                       {signature.inputs["text"].name: text,
+                                        signature.inputs["seed"].name: seed})
+            assert len(translations) == 1

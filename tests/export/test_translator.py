@@ -117,6 +117,32 @@ def test_a_line_of_invisible_characters_translates_to_nothing(small_tokenizer):
     assert length[3] > 0
 
 
+@pytest.mark.parametrize("search", ["greedy", "beam", "sample"])
+def test_a_line_without_text_is_not_decoded_to_its_length_bound(small_tokenizer, search):
+    # A line without text came back as "", but only after the search had decoded it up to
+    # its bound (source + extra_length tokens): a blank line in a request of short
+    # sentences kept the whole batch in the loop for extra_length steps.
+    translator = tiny_translator(small_tokenizer, tiny_model(small_tokenizer, bias=NEVER_END),
+                                 search=search, beam_size=2, max_input_length=TABLE,
+                                 max_output_length=TABLE, extra_length=8)
+    bounds = []
+    search_function = translator._search
+
+    def recording(source_ids, batch_size, max_lengths, *args, **kwargs):
+        bounds.append(max_lengths.numpy().tolist())
+        return search_function(source_ids, batch_size, max_lengths, *args, **kwargs)
+
+    translator._search = recording
+    tf.config.run_functions_eagerly(True)
+    try:
+        text, _, length = outputs(translator, ["", "\u200b", "ka lo"])
+    finally:
+        tf.config.run_functions_eagerly(False)
+    assert text[:2] == ["", ""] and list(length[:2]) == [0, 0] and length[2] > 0
+    (bound,) = bounds
+    assert bound[:2] == [1, 1] and bound[2] > 1
+
+
 @pytest.mark.parametrize("rule", ["nfkc", "identity"])
 def test_a_source_is_stripped_as_training_strips_its_sentences(tmp_path, rule):
     # Training strips every sentence (`str.strip`). Under `nmt_nfkc` the tokenizer's own
@@ -606,6 +632,39 @@ def test_a_seeded_sample_does_not_depend_on_the_rest_of_the_batch(sampler):
     assert seeded(sampler, sentences[::-1], seeds[::-1]) == batch[::-1]
     # The seed matters: one sentence under many seeds gives several samples.
     assert len(set(seeded(sampler, ["ka lo mi"] * 12, list(range(12))))) > 1
+
+
+def test_sentences_sharing_a_seed_are_sampled_independently(small_tokenizer):
+    # The docs say to repeat one seed for every sentence to seed a whole request, but the
+    # seed was each row's whole random stream: sentences sharing it drew the same number at
+    # every step, so alike distributions gave the same tokens. Here every source gives
+    # about the same distribution (four pieces far above the rest, END never): 30
+    # different sentences under one seed came back as one or two translations.
+    pieces = range(10, 14)
+    model = tiny_model(small_tokenizer, bias={END_ID: -1e4, **{p: 8.0 for p in pieces}})
+    sampler = tiny_translator(small_tokenizer, model, search="sample",
+                              max_input_length=TABLE, max_output_length=TABLE)
+    words = ["ka", "lo", "mi", "bal", "dor", "fen", "gim", "hut", "tu", "vo"]
+    sentences = [f"{a} {b}" for a in words[:6] for b in words[6:]][:30]
+    shared = seeded(sampler, sentences, [7] * len(sentences))
+    assert len(set(shared)) > len(sentences) // 2, len(set(shared))
+    # Still a function of the sentence and its seed alone.
+    assert seeded(sampler, sentences[3:4], [7]) == shared[3:4]
+    assert seeded(sampler, sentences[::-1], [7] * len(sentences)) == shared[::-1]
+
+
+def test_unseeded_sampling_does_not_replay_the_global_seed_it_was_traced_under(
+        small_tokenizer):
+    # `train()` sets Keras' global seed; a sampling export traced after it fixed the seed of
+    # its "fresh random seed" op: every process loading the export (every `translate` run,
+    # every server replica) drew the same samples on its n-th call.
+    results = []
+    for _ in range(2):
+        model = tiny_model(small_tokenizer, seed=9)  # sets the global seed, as train() does
+        translator = tiny_translator(small_tokenizer, model, search="sample",
+                                     max_input_length=TABLE, max_output_length=TABLE)
+        results.append(outputs(translator, ["ka lo mi", "bal dor fen", "tu vo"] * 4)[0])
+    assert results[0] != results[1]
 
 
 def test_unseeded_sampling_draws_a_new_sample_on_every_call(sampler):
