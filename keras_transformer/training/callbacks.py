@@ -550,8 +550,9 @@ class RunHistory(keras.callbacks.Callback):
     epoch more here than in the backup, which the trainer drops when it resumes.
 
     The file holds `{"history": {name: [value per epoch]}, "epoch_seconds": [...],
-    "train_seconds": sum of epoch_seconds, "epochs": number of epochs}`, and `"stopped":
-    {"epochs": N, "planned": M}` when a callback ended `fit` (`model.stop_training`, say
+    "train_seconds": sum of epoch_seconds, "epochs": number of epochs}`, `"precision"` when
+    given, and `"stopped": {"epochs": N, "planned": M}` when a callback ended `fit`
+    (`model.stop_training`, say
     an `EarlyStopping`) after N of the M epochs it was given (`RecordStop` writes it): a
     stop other than the time budget's (`TimeBudget` and `BudgetCooldown` call
     `budget_stop`), which the run's settings could not tell again when it is run once more.
@@ -565,6 +566,9 @@ class RunHistory(keras.callbacks.Callback):
             `keras_transformer.training.strategy.slowest_worker(strategy)`, so that every
             worker's record, and what a time budget plans from it, holds the same times.
             Defaults to `None`.
+        precision: str or `None`, the dtype policy the epochs train in, recorded as
+            `"precision"` (`train` warns when a run goes on in another). Defaults to
+            `None`: the one `initial` records, if any.
 
     Example:
 
@@ -577,11 +581,12 @@ class RunHistory(keras.callbacks.Callback):
     (2, 2)
     """
 
-    def __init__(self, path, initial=None, reduce_seconds=None):
+    def __init__(self, path, initial=None, reduce_seconds=None, precision=None):
         super().__init__()
         self.path = str(path)
         self.reduce_seconds = reduce_seconds
         initial = initial or {}
+        self.precision = precision or initial.get("precision")
         self.history = {k: list(v) for k, v in initial.get("history", {}).items()}
         self.epoch_seconds = list(initial.get("epoch_seconds", []))
         self._epoch_started = None
@@ -658,6 +663,8 @@ class RunHistory(keras.callbacks.Callback):
             "train_seconds": self.train_seconds,
             "epochs": len(self.epoch_seconds),
         }
+        if self.precision is not None:
+            record["precision"] = self.precision
         if self.stopped is not None:
             record["stopped"] = self.stopped
         return record
@@ -1168,7 +1175,9 @@ def make_callbacks(
         tensorboard_update_freq: `"epoch"`, `"batch"` or int, how often TensorBoard
             writes. Defaults to `"epoch"`.
         backup_save_freq: `"epoch"` or int (batches), how often to back up.
-            Defaults to `"epoch"`.
+            Defaults to `"epoch"`, the only one that resumes exactly: a run resumed from
+            a backup made inside an epoch restarts that epoch at its first batch, with
+            weights that have trained on the batches before the backup (trained twice).
         tensorboard: bool or `None`, add the `TensorBoard` callback; `None` adds it if
             the `tensorboard` package is installed (and logs a warning if not); `True`
             raises if it is missing. Defaults to `None`.

@@ -642,7 +642,7 @@ def agree_with_workers(strategy, config, data_report, initial_epoch, write_dir,
     # One row per replica: a worker with several devices has several of the same rows.
     per_worker = max(len(rows) // (num_workers_from_tf_config() or len(rows)), 1)
     rows = rows[::per_worker]
-    workers = [f"worker {i}" for i in range(len(rows))]
+    workers = _worker_names(len(rows))
     failed = [w for w, row in zip(workers, rows) if row[0] == 1]
     if failed:
         raise ValueError(f"{', '.join(failed)} stopped before training (its own message says "
@@ -664,8 +664,8 @@ def agree_with_workers(strategy, config, data_report, initial_epoch, write_dir,
                              "vocabulary)")):
         differ = [w for w, row in zip(workers, rows) if row[column] != rows[0][column]]
         if differ:
-            raise ValueError(f"{', '.join(differ)} train with other {what} than worker 0; "
-                             "every worker must train the same run.")
+            raise ValueError(f"{', '.join(differ)} train with other {what} than "
+                             f"{workers[0]}; every worker must train the same run.")
     # Synchronous workers' backups are at most one epoch apart; more means a lost backup.
     agreed = int(min(row[2] for row in rows))
     if agreed < max(row[2] for row in rows) - 1 or any(agreed not in row[2:] for row in rows):
@@ -685,6 +685,18 @@ def agree_with_workers(strategy, config, data_report, initial_epoch, write_dir,
             "the same place on the others (the workers' weights are the same), or start "
             "over with --overwrite on every worker.")
     return agreed
+
+
+def _worker_names(count):
+    """The workers' names in the order of their rows: by task, as `TF_CONFIG` names them
+    (with a `chief` task, the chief first and worker task i after it, "worker i")."""
+    try:
+        cluster = json.loads(os.environ.get("TF_CONFIG") or "{}").get("cluster", {})
+    except (ValueError, AttributeError):
+        cluster = {}
+    if cluster.get("chief"):
+        return ["the chief"] + [f"worker {i}" for i in range(count - 1)]
+    return [f"worker {i}" for i in range(count)]
 
 
 def epoch_seed(seed, epoch):
@@ -1005,6 +1017,9 @@ def _train(config, output_dir, write_dir, strategy, data_dir, local_dir, make_tr
             precision = resolve_precision(config.precision)
             if config.precision == "auto" and chief:
                 print(f"precision 'auto': {precision or 'float32'} on this machine", flush=True)
+                warning = precision_change_warning(previous, precision)
+                if warning:
+                    print(warning, file=sys.stderr, flush=True)
             keras.config.set_dtype_policy(precision or "float32")
             replicas = strategy.num_replicas_in_sync
             if chief and initial_epoch and continue_from is None and saved_config is not None:
@@ -1108,7 +1123,8 @@ def _train(config, output_dir, write_dir, strategy, data_dir, local_dir, make_tr
     # Several workers record the slowest one's epoch times, so that a time budget (and the
     # cooldown and late dropout it plans) decides the same on all of them.
     run_history = RunHistory(write_dir / "history.json", initial=previous,
-                             reduce_seconds=slowest_worker(strategy))
+                             reduce_seconds=slowest_worker(strategy),
+                             precision=keras.config.dtype_policy().name)
     bleu_callback = None
     if (make_translate_fn is not None and config.bleu_sentences and chief
             and splits["validation"] is not None):
@@ -1275,6 +1291,27 @@ def warmup_warning(config, steps_per_epoch):
             f"reach only {share:.0%} of its peak, and a model trained so little translates "
             f"little. Warm up over a fraction of the run (e.g. --set "
             f"warmup_steps={suggestion}), or train more epochs or on more data.")
+
+
+def precision_change_warning(record, precision):
+    """The warning for a run that goes on in another precision than its epochs so far
+    trained in (`record["precision"]`, as `RunHistory` writes it): `precision="auto"`
+    resolves from each machine's CPU on each start. `None` when nothing was recorded or
+    nothing changes.
+
+    Args:
+        record: dict, the run's history as `read_run_history` reads it.
+        precision: the policy this start resolved (`None` is float32).
+    """
+    before, now = record.get("precision"), precision or "float32"
+    if not record.get("epochs") or before in (None, now):
+        return None
+    done = record["epochs"]
+    epochs = "epoch 1" if done == 1 else f"epochs 1-{done}"
+    return (f"Warning: this run trained {epochs} in {before}; precision 'auto' means {now} "
+            f"on this machine, so it goes on in {now}, not exactly as an uninterrupted run "
+            f"would have. A run keeps one precision wherever it resumes when it is started "
+            f"with it set (--set precision={before}).")
 
 
 def resume_plan_warning(saved, config, record):

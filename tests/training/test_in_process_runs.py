@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from keras_transformer.training import get_preset
+from keras_transformer.training.callbacks import read_run_history
 from keras_transformer.training.trainer import train, validation_translator
 
 WORDS = "ka lo mi nu pe ra si tu vo xe bal dor fen gim".split()
@@ -235,3 +236,27 @@ def test_a_run_too_short_for_its_warmup_says_so_and_how_to_fix_it(config, tmp_pa
     assert "warmup_steps=400" in capsys.readouterr().err
     _train(config.replace(warmup_steps=2, steps_per_epoch=None), tmp_path / "long_enough")
     assert "warmup_steps" not in capsys.readouterr().err
+
+
+def test_a_run_continued_where_auto_means_another_precision_says_so(
+        config, tmp_path, monkeypatch, capsys):
+    # `precision="auto"` is resolved on each start from the machine's CPU, and the policy a
+    # run trained in was recorded nowhere: continued (or resumed after a kill) on a machine
+    # without bfloat16, a run begun in mixed_bfloat16 went on in float32 without a word.
+    from keras_transformer.training import trainer
+
+    config = config.replace(precision="auto")
+    monkeypatch.setattr(trainer, "resolve_precision", lambda precision: "mixed_bfloat16")
+    _train(config, tmp_path / "run")
+    assert read_run_history(tmp_path / "run" / "history.json")["precision"] == "mixed_bfloat16"
+    capsys.readouterr()
+    monkeypatch.setattr(trainer, "resolve_precision", lambda precision: None)
+    run = _train(config.replace(epochs=2), tmp_path / "run")
+    err = capsys.readouterr().err
+    assert ("this run trained epoch 1 in mixed_bfloat16; precision 'auto' means float32 on "
+            "this machine") in err and "--set precision=mixed_bfloat16" in err
+    assert run.model.get_layer("encoder").compute_dtype == "float32"
+    assert read_run_history(tmp_path / "run" / "history.json")["precision"] == "float32"
+    # The same machine again: nothing to say.
+    _train(config.replace(epochs=3), tmp_path / "run")
+    assert "trained in" not in capsys.readouterr().err
