@@ -271,10 +271,9 @@ def _overwrite(output, worker_index, config=None):
     writes it leaves a start that the same command, or `--overwrite` alone, runs again with
     that recipe.
     """
-    from keras_transformer.data.readers import write_json_atomically
     from keras_transformer.textfiles import is_partial
     from keras_transformer.training.strategy import WORKER_TEMP_PREFIX
-    from keras_transformer.training.trainer import RUN_MARKERS, is_run_directory
+    from keras_transformer.training.trainer import is_run_directory
 
     if worker_index is not None:
         # Its contents: the directory itself is what this worker holds (`hold_run_directory`).
@@ -288,7 +287,11 @@ def _overwrite(output, worker_index, config=None):
     if not output.exists():
         return
     # A partial file of an atomic write alone: a new run killed in its first config.json.
-    if not output.is_dir() or (any(not is_partial(entry.name) for entry in output.iterdir())
+    # Other workers' directories alone: a first start of a cluster that failed or was
+    # interrupted before the chief wrote anything.
+    if not output.is_dir() or (any(not is_partial(entry.name)
+                                   and not entry.name.startswith(WORKER_TEMP_PREFIX)
+                                   for entry in output.iterdir())
                                and not is_run_directory(output)):
         raise SystemExit(
             f"Refusing to delete {output}: it is not a run directory (no config.json and "
@@ -303,6 +306,22 @@ def _overwrite(output, worker_index, config=None):
               f"export(s) made into it: {', '.join(exports)}.", flush=True)
     # What marks the directory as a run last, config.json at the very end: an --overwrite
     # interrupted (Ctrl-C, an OSError) is one that --overwrite can run again.
+    try:
+        _delete_run(output, config)
+    except KeyboardInterrupt:
+        raise _OverwriteInterrupted from None
+
+
+class _OverwriteInterrupted(KeyboardInterrupt):
+    """Ctrl-C while `--overwrite` deleted a run: what is left is to start over, not to
+    resume (its backup may have outlived its checkpoints)."""
+
+
+def _delete_run(output, config):
+    from keras_transformer.data.readers import write_json_atomically
+    from keras_transformer.training.strategy import WORKER_TEMP_PREFIX
+    from keras_transformer.training.trainer import RUN_MARKERS
+
     for entry in sorted(output.iterdir(), key=lambda entry: (
             entry.name == "config.json", entry.name in RUN_MARKERS)):
         if entry.name.startswith(WORKER_TEMP_PREFIX):
@@ -327,8 +346,13 @@ def _overwrite_and_train(args, config, output, worker_index):
         print(f"Resuming the interrupted run in {output}", flush=True)
     from keras_transformer.training.trainer import ConfigMismatchError, check_resumable, train
 
+    from keras_transformer.training.strategy import num_workers_from_tf_config
+
+    # One machine: refused before anything loads. In a cluster `train` refuses it inside
+    # the workers' agreement, on every worker at once: refused here, before the cluster
+    # forms, the chief left the others waiting until their --cluster-timeout.
     try:
-        if worker_index is None:  # another worker checks its own directory inside `train`
+        if worker_index is None and num_workers_from_tf_config() <= 1:
             check_resumable(config, output)
     except ConfigMismatchError as error:
         raise SystemExit(str(error))
@@ -1270,13 +1294,16 @@ def main(argv=None):
         raise SystemExit(f"keras-transformer {args.command}: {type(error).__name__}: "
                          f"{first[0] if first else ''}{hint}\n(set {TRACEBACK_ENV}=1 to see "
                          "the rest)") from None
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as interrupt:
         if os.environ.get(TRACEBACK_ENV):
             raise
         again = "the same command" + (" without --overwrite" if getattr(
             args, "overwrite", False) else "")
         resume = (f"; run {again} again to resume {args.output} from its last completed "
                   "epoch" if args.command == "train" else "")
+        if isinstance(interrupt, _OverwriteInterrupted):
+            resume = (f" while --overwrite deleted the previous run in {args.output}; run "
+                      "the same command again to start over")
         print(f"\nkeras-transformer {args.command}: Interrupted{resume}.", file=sys.stderr,
               flush=True)
         raise SystemExit(130) from None

@@ -240,6 +240,34 @@ def test_ctrl_c_is_one_line_with_the_way_to_resume(monkeypatch, tmp_path, capsys
     assert error.value.code == 130 and "Interrupted" in capsys.readouterr().err
 
 
+def test_ctrl_c_while_overwrite_deletes_does_not_advise_resuming_the_old_run(
+        monkeypatch, tmp_path, capsys):
+    # Interrupted while --overwrite deleted checkpoints/, the message said to run the
+    # command without --overwrite to resume: that resumed the old run from its backup, its
+    # best and epoch checkpoints gone.
+    import shutil
+
+    from keras_transformer.training import get_preset
+
+    run = tmp_path / "run"
+    (run / "backup").mkdir(parents=True)
+    (run / "checkpoints").mkdir()
+    get_preset("tiny").to_file(run / "config.json")
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(shutil, "rmtree", interrupted)
+    monkeypatch.delenv("TF_CONFIG", raising=False)
+    with pytest.raises(SystemExit) as error:
+        main(["train", "--preset", "tiny", "--output", str(run), "--overwrite"])
+    assert error.value.code == 130
+    message = capsys.readouterr().err
+    assert "without --overwrite" not in message and "resume" not in message
+    assert "Interrupted while --overwrite deleted" in message
+    assert "same command again to start over" in message and str(run) in message
+
+
 def test_a_cluster_failure_is_one_line_with_the_way_to_resume(monkeypatch, tmp_path, capsys):
     # A worker whose peer died ended in 30-60 lines of TensorFlow traceback.
     import tensorflow as tf
@@ -262,6 +290,40 @@ def test_a_cluster_failure_is_one_line_with_the_way_to_resume(monkeypatch, tmp_p
                               "aborted by: ..."), message
     assert "another worker" in message and "same command" in message and str(run) in message
     assert "Traceback" not in capsys.readouterr().err
+
+
+def test_a_chief_leaves_a_changed_config_to_the_workers_agreement(monkeypatch, tmp_path):
+    # The chief refused a run resumed with other settings before the cluster formed: the
+    # other workers, which never check the chief's directory, waited for it until their
+    # --cluster-timeout (30 minutes) and ended with no reason. `train` refuses it inside
+    # the agreement, on every worker at once.
+    import json
+
+    import keras_transformer.training.trainer as trainer
+    from keras_transformer.training import get_preset
+    from keras_transformer.training.launcher import free_ports
+
+    run = tmp_path / "run"
+    run.mkdir()
+    get_preset("tiny").to_file(run / "config.json")
+    (run / "tokenizer").mkdir()
+    (run / "history.json").write_text(json.dumps({"epoch_seconds": [1.0]}))
+    ports = free_ports(2)
+    monkeypatch.setenv("TF_CONFIG", json.dumps({
+        "cluster": {"worker": [f"localhost:{port}" for port in ports]},
+        "task": {"type": "worker", "index": 0}}))
+    calls = []
+    monkeypatch.setattr(trainer, "train", lambda *args, **kwargs: calls.append(args)
+                        or (_ for _ in ()).throw(trainer.ConfigMismatchError("d_model")))
+    with pytest.raises(SystemExit):
+        main(["train", "--preset", "tiny", "--output", str(run), "--set", "d_model=32"])
+    assert len(calls) == 1
+    # One machine: refused at once, as before.
+    monkeypatch.delenv("TF_CONFIG")
+    calls.clear()
+    with pytest.raises(SystemExit, match="d_model"):
+        main(["train", "--preset", "tiny", "--output", str(run), "--set", "d_model=32"])
+    assert not calls
 
 
 def test_languages_that_contradict_the_file_names_are_refused(tmp_path):

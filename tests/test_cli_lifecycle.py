@@ -50,6 +50,18 @@ def test_overwrite_deletes_a_run_but_other_workers_directories(tmp_path):
     _overwrite(tmp_path / "missing", worker_index=None)  # nothing to delete is fine
 
 
+def test_overwrite_of_a_directory_holding_only_other_workers_directories(tmp_path):
+    # A worker makes its RUN/workertemp_i before the cluster forms; a first start that
+    # failed or was interrupted left only that, and every later `--overwrite` was refused
+    # ("not a run directory") until the user deleted it by hand.
+    (tmp_path / "workertemp_1" / "backup").mkdir(parents=True)
+    _overwrite(tmp_path, worker_index=None)
+    assert os.listdir(tmp_path) == ["workertemp_1"]  # its worker deletes it
+    (tmp_path / "notes.txt").write_text("keep me")  # anything else is still the user's
+    with pytest.raises(SystemExit, match="not a run directory"):
+        _overwrite(tmp_path, worker_index=None)
+
+
 def test_overwrite_names_the_exports_it_deletes_with_the_run(tmp_path, capsys):
     # The README exports into the run (`--out runs/fr-en/export`); --overwrite deleted that
     # SavedModel with the run, a TF Serving base path pointed there included, and said nothing.

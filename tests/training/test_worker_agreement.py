@@ -75,6 +75,18 @@ def test_workers_with_other_settings_or_data_are_refused(cluster, tmp_path):
     assert trainer.agree_with_workers(None, CONFIG, _report(), 0, tmp_path) == 0
 
 
+def test_a_cluster_with_a_chief_task_names_workers_by_their_task(cluster, tmp_path,
+                                                                  monkeypatch):
+    # With a `chief` task (a TFJob with a Chief replica) the messages numbered workers by
+    # replica: pod worker-0 was "worker 1", and its backup "RUN/workertemp_1".
+    monkeypatch.setenv("TF_CONFIG", json.dumps({
+        "cluster": {"chief": ["c:1"], "worker": ["w:1"]}, "task": {"type": "chief",
+                                                                   "index": 0}}))
+    cluster.append((CONFIG.replace(seed=7), _report(), tmp_path))
+    with pytest.raises(ValueError, match="worker 0 train with other settings .* than the chief"):
+        trainer.agree_with_workers(None, CONFIG, _report(), 0, tmp_path)
+
+
 def test_workers_with_other_vocabularies_are_refused(cluster, tmp_path):
     # Each worker trains its own vocabulary (its own tokenizer/ directory); one that kept
     # an old one (say, trained again on changed files where another did not) trained
