@@ -17,7 +17,8 @@ cost BLEU (one 9-epoch run: 36.11 validation BLEU for the last 3, 35.90 for the 
 K` then writes the chosen one. Every checkpoint is checked before the first translation (a
 missing one, an average older than the run's epochs, too few epochs kept for `averaged-K`).
 `--beam-size 1` scores greedy search, once per checkpoint. BLEU is tokenized for the run's
-target language, as `evaluate` does (`zh`, `ja-mecab`, `ko-mecab` or `13a`).
+target language, as `evaluate` does (`zh`, `ja-mecab`, `char` or `13a`:
+`keras_transformer.languages.bleu_tokenizer`).
 """
 
 import argparse
