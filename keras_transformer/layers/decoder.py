@@ -5,12 +5,12 @@ import keras
 from keras_transformer.layers import masking
 from keras_transformer.layers.block_base import spec_like, unpack_decoder_cache
 from keras_transformer.layers.decoder_block import DecoderBlock
-from keras_transformer.layers.encoder import Encoder
+from keras_transformer.layers.encoder import BlockStack
 from keras_transformer.layers.packing import PackedRows
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
-class Decoder(Encoder):
+class Decoder(BlockStack):
     """A stack of `num_layers` decoder blocks (Vaswani et al., 2017, section 3.1).
 
     Takes the same arguments as `Encoder` (the two stacks differ in their blocks and calls);

@@ -9,8 +9,52 @@ from keras_transformer.layers.packing import PackedRows
 from keras_transformer.layers.utils import check_bool, check_positive_int, clone_initializer
 
 
+class BlockStack(BlockBase):
+    """What `Encoder` and `Decoder` share: `num_layers` blocks of one configuration and,
+    pre-norm, a final `LayerNormalization`. Not a layer to use alone (its subclasses build
+    their blocks and calls); a `Decoder` is not an `Encoder`, so code choosing a stack by
+    its type (`isinstance(layer, Encoder)` to freeze the encoder) finds only the one.
+    """
+
+    def __init__(self, num_layers, num_heads, ff_dim, skip_padding=False, **kwargs):
+        super().__init__(num_heads, ff_dim, **kwargs)
+        self.num_layers = check_positive_int("num_layers", num_layers)
+        self.skip_padding = check_bool("skip_padding", skip_padding)
+        # Keras then compiles a model holding this stack without XLA (`jit_compile`).
+        self.supports_jit = not self.skip_padding
+
+    def _block_kwargs(self, name):
+        return dict(
+            num_heads=self.num_heads,
+            ff_dim=self.ff_dim,
+            dropout=self.dropout,
+            attention_dropout=self.attention_dropout,
+            activation=self.activation,
+            norm_first=self.norm_first,
+            layer_norm_epsilon=self.layer_norm_epsilon,
+            kernel_initializer=clone_initializer(self.kernel_initializer, name),
+            bias_initializer=clone_initializer(self.bias_initializer, name),
+            dtype=self.dtype_policy,
+            name=name,
+        )
+
+    def _build_final_norm(self, inputs_shape):
+        self._final_norm = None
+        if self.norm_first:
+            self._final_norm = keras.layers.LayerNormalization(
+                epsilon=self.layer_norm_epsilon, dtype=self.dtype_policy, name="final_norm"
+            )
+            self._final_norm.build(inputs_shape)
+
+    def get_config(self):
+        config = super().get_config()
+        config["num_layers"] = self.num_layers
+        config["skip_padding"] = self.skip_padding
+        return config
+
+
 @keras.saving.register_keras_serializable(package="keras_transformer")
-class Encoder(BlockBase):
+class Encoder(BlockStack):
     """A stack of `num_layers` encoder blocks (Vaswani et al., 2017, section 3.1).
 
     With `norm_first=True` (pre-norm) a final `LayerNormalization` follows the stack, since
@@ -63,36 +107,6 @@ class Encoder(BlockBase):
     [(None, 2, None, None), (None, 2, None, None)]
     """
 
-    def __init__(self, num_layers, num_heads, ff_dim, skip_padding=False, **kwargs):
-        super().__init__(num_heads, ff_dim, **kwargs)
-        self.num_layers = check_positive_int("num_layers", num_layers)
-        self.skip_padding = check_bool("skip_padding", skip_padding)
-        # Keras then compiles a model holding this stack without XLA (`jit_compile`).
-        self.supports_jit = not self.skip_padding
-
-    def _block_kwargs(self, name):
-        return dict(
-            num_heads=self.num_heads,
-            ff_dim=self.ff_dim,
-            dropout=self.dropout,
-            attention_dropout=self.attention_dropout,
-            activation=self.activation,
-            norm_first=self.norm_first,
-            layer_norm_epsilon=self.layer_norm_epsilon,
-            kernel_initializer=clone_initializer(self.kernel_initializer, name),
-            bias_initializer=clone_initializer(self.bias_initializer, name),
-            dtype=self.dtype_policy,
-            name=name,
-        )
-
-    def _build_final_norm(self, inputs_shape):
-        self._final_norm = None
-        if self.norm_first:
-            self._final_norm = keras.layers.LayerNormalization(
-                epsilon=self.layer_norm_epsilon, dtype=self.dtype_policy, name="final_norm"
-            )
-            self._final_norm.build(inputs_shape)
-
     def build(self, inputs_shape):
         self.blocks = []
         for index in range(self.num_layers):
@@ -139,9 +153,3 @@ class Encoder(BlockBase):
             scores = [self._scores_spec(inputs, inputs.shape[1]) for _ in range(self.num_layers)]
             return outputs, scores
         return outputs
-
-    def get_config(self):
-        config = super().get_config()
-        config["num_layers"] = self.num_layers
-        config["skip_padding"] = self.skip_padding
-        return config

@@ -115,6 +115,13 @@ def test_functional_model_outputting_scores_fits_saves_and_reloads(tmp_path):
     assert [s.shape for s in scores] == [(2, H, 3, 5), (2, H, 3, 3)] * 2
 
 
+def test_a_decoder_is_not_an_encoder():
+    # `Decoder` subclassed `Encoder`: code choosing the encoder by type (to freeze it, say:
+    # `isinstance(layer, Encoder)` over a model's layers) chose the decoder too.
+    assert not isinstance(Decoder(num_layers=1, num_heads=H, ff_dim=FF), Encoder)
+    assert not isinstance(Encoder(num_layers=1, num_heads=H, ff_dim=FF), Decoder)
+
+
 def test_a_functional_model_outputs_each_blocks_own_scores():
     # The symbolic call gave every block's scores dict the same two tensors: a model
     # outputting block 0's cross-attention returned the last block's (and saved so).
