@@ -20,6 +20,7 @@ import pathlib
 import shutil
 import sys
 import time
+import zlib
 
 import keras
 import numpy as np
@@ -572,6 +573,24 @@ def _finished_after_backup(write_dir, output_dir=None):
     return model.stat().st_mtime_ns >= record.stat().st_mtime_ns
 
 
+# The workers compare their settings as one digest, and as this many digests of the
+# settings grouped by name (`_bucket`), so that a refusal can name what differs (a few
+# candidates a bucket) with rows of one length whatever the settings.
+_SETTING_BUCKETS = 32
+
+
+def _bucket(name):
+    return zlib.crc32(name.encode()) % _SETTING_BUCKETS
+
+
+def _setting_buckets(settings):
+    """`_SETTING_BUCKETS` digests of `settings` (a dict), each of the fields of a bucket."""
+    groups = [{} for _ in range(_SETTING_BUCKETS)]
+    for name, value in settings.items():
+        groups[_bucket(name)][name] = value
+    return [_short_hash(group) for group in groups]
+
+
 def _short_hash(value):
     """A JSON-able value's digest as an integer below 2**48 (exact in a float64)."""
     text = json.dumps(value, sort_keys=True, default=str)
@@ -619,9 +638,9 @@ def agree_with_workers(strategy, config, data_report, initial_epoch, write_dir,
         return initial_epoch
     # This worker's row: [failed, settings, data, restartable, latest epoch, previous or -1].
     if failure is not None:
-        row = [1, 0, 0, 0, -1, -1]
+        row = [1, 0, 0, 0, -1, -1] + [0] * _SETTING_BUCKETS
     elif finished:
-        row = [2, 0, 0, 0, initial_epoch, -1]
+        row = [2, 0, 0, 0, initial_epoch, -1] + [0] * _SETTING_BUCKETS
     else:
         settings = {k: v for k, v in config.to_dict().items() if k != "data_files"}
         # "auto" resolves from each machine's CPU: what counts is what this worker computes in.
@@ -635,7 +654,7 @@ def agree_with_workers(strategy, config, data_report, initial_epoch, write_dir,
         epochs = backup_epochs(read_backup_metadata(pathlib.Path(write_dir) / "backup"))
         epochs = epochs or [initial_epoch]
         row = [0, _short_hash(settings), _short_hash(data), int(restartable)] + (
-            epochs + [-1])[:2]
+            epochs + [-1])[:2] + _setting_buckets(settings)
     rows = gather_from_workers(strategy, row)
     if failure is not None:
         raise failure
@@ -653,7 +672,8 @@ def agree_with_workers(strategy, config, data_report, initial_epoch, write_dir,
     if done:
         raise RunFinishedElsewhere(f"{done[0][0]} holds the finished run ({done[0][1]} "
                                    "epoch(s))")
-    rows = [[row[1], row[2]] + row[4:] + ([0] if row[3] else []) for row in rows]
+    buckets = [row[6:] for row in rows]
+    rows = [[row[1], row[2]] + row[4:6] + ([0] if row[3] else []) for row in rows]
     same_settings = "run the same --preset, --config and --set on every worker"
     if config.precision == "auto":
         same_settings += ("; precision 'auto' resolves from each machine's CPU (bfloat16 where "
@@ -662,10 +682,18 @@ def agree_with_workers(strategy, config, data_report, initial_epoch, write_dir,
     for column, what in ((0, f"settings ({same_settings})"),
                          (1, "data (the same files, with the same content, and the same "
                              "vocabulary)")):
-        differ = [w for w, row in zip(workers, rows) if row[column] != rows[0][column]]
+        differ = [i for i, row in enumerate(rows) if row[column] != rows[0][column]]
         if differ:
-            raise ValueError(f"{', '.join(differ)} train with other {what} than "
-                             f"{workers[0]}; every worker must train the same run.")
+            named = ""
+            if column == 0:  # which settings: those of the buckets whose digests differ
+                fields = sorted(name for name in config.to_dict() if name != "data_files"
+                                and any(buckets[i][_bucket(name)] != buckets[0][_bucket(name)]
+                                        for i in differ))
+                named = f" (the settings that differ are among: {', '.join(fields)})" if (
+                    fields) else ""
+            raise ValueError(f"{', '.join(workers[i] for i in differ)} train with other "
+                             f"{what} than {workers[0]}{named}; every worker must train the "
+                             "same run.")
     # Synchronous workers' backups are at most one epoch apart; more means a lost backup.
     agreed = int(min(row[2] for row in rows))
     if agreed < max(row[2] for row in rows) - 1 or any(agreed not in row[2:] for row in rows):

@@ -57,8 +57,12 @@ def cluster(monkeypatch):
 
 def test_workers_with_other_settings_or_data_are_refused(cluster, tmp_path):
     cluster.append((CONFIG.replace(seed=7), _report(), tmp_path))
-    with pytest.raises(ValueError, match="worker 1 train with other settings"):
+    with pytest.raises(ValueError, match="worker 1 train with other settings") as error:
         trainer.agree_with_workers(None, CONFIG, _report(), 0, tmp_path)
+    # The message names the setting among a few (it named none: `--epochs` given on one
+    # machine only, or a YAML edited on one, left the user guessing).
+    named = str(error.value).split("differ are among: ")[1].split(")")[0].split(", ")
+    assert "seed" in named and len(named) <= 6, named
     cluster[:] = [(CONFIG, _report(digest="other"), tmp_path)]
     with pytest.raises(ValueError, match="worker 1 train with other data"):
         trainer.agree_with_workers(None, CONFIG, _report(), 0, tmp_path)
