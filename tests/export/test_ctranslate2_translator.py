@@ -59,7 +59,10 @@ def test_greedy_translations_and_flags_are_those_of_our_translator(copy_task, co
     for name in ("translation", "truncated", "length", "unfinished"):
         assert [r[name] for r in theirs] == ours[name], name
     # Greedy scores are log-probabilities in both (UNK masked before or after the softmax).
-    assert [r["score"] for r in theirs] == pytest.approx(ours["score"], abs=1e-3)
+    # CTranslate2's float32 kernels round otherwise than TensorFlow's, by CPU: on an AMD
+    # EPYC the cut sentence's -2.1384 was -2.1366 there (0.08%; UNK masking changes
+    # neither), which the absolute 1e-3 that held on Intel Xeons refused.
+    assert [r["score"] for r in theirs] == pytest.approx(ours["score"], rel=2e-3, abs=1e-3)
     assert ours["truncated"][13] and not any(ours["truncated"][:13])
     assert ours["translation"][-5:] == [""] * 5 and ours["score"][-5:] == [0.0] * 5
     # The copy model copies: compared on real translations, not empty ones.
