@@ -132,9 +132,8 @@ def export_translator(translator, base_dir, version=None, metadata=None):
         # `keras_transformer.export.warmup`): the rest of a `--jit` export gets them.
         signatures = {name: function for name, function in translator.signatures().items()
                       if name not in translator.compiled_signatures()}
-        names = text_signatures(signatures)
-        if names:
-            write_warmup_requests(extra / WARMUP_FILENAME, names, signatures=signatures)
+        if text_signatures(signatures):
+            write_warmup_requests(extra / WARMUP_FILENAME, signatures)
         try:
             os.replace(staging, final)
         except OSError as error:

@@ -490,12 +490,14 @@ class Translator(tf.Module):
                 message="`seed` needs one int64 per sentence of `text`",
             )
             with tf.control_dependencies([check]):
-                # A row's random stream is its seed mixed with its sentence's fingerprint:
-                # the seed alone made sentences sharing one draw the same number at every
-                # step (one seed repeated over a request gave correlated samples). Still a
-                # function of the sentence and its seed only.
-                seeds = tf.bitwise.bitwise_xor(
-                    seeds, tf.strings.to_hash_bucket_fast(text, tf.int64.max))
+                # A row's random stream is the fingerprint of its seed and its (stripped)
+                # sentence's hash: the seed alone made sentences sharing one draw the same
+                # number at every step (one seed repeated over a request gave correlated
+                # samples). Still a function of the sentence and its seed only. Not an XOR
+                # of the two: seeds made from the text's own hash would cancel it.
+                keys = tf.stack([seeds, tf.strings.to_hash_bucket_fast(text, tf.int64.max)],
+                                axis=1)  # (B, 2)
+                seeds = tf.bitcast(tf.fingerprint(keys), tf.int64)  # (B, 8) uint8 -> (B,)
         # Bytes past what max_input_length pieces can hold are not tokenized (a 5 MB request
         # took 1.3 s to keep its first pieces): a piece holds at most 16 characters
         # (SentencePiece's max_sentencepiece_length), 64 bytes. The cut may split a

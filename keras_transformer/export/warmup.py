@@ -68,16 +68,17 @@ def prediction_log(signature_name, inputs):
 _PER_SENTENCE_INPUTS = {"seed": np.int64}
 
 
+def _input_names(function):
+    return [getattr(spec, "name", None)
+            for spec in tf.nest.flatten(function.structured_input_signature)]
+
+
 def text_signatures(signatures):
     """The names of `signatures` (name -> concrete function) whose inputs are `text` and,
     optionally, per-sentence inputs the warm-up can fill (`seed`, of `translate_seeded`)."""
-    names = []
-    for name, function in signatures.items():
-        specs = tf.nest.flatten(function.structured_input_signature)
-        inputs = [getattr(spec, "name", None) for spec in specs]
-        if "text" in inputs and set(inputs) - {"text"} <= set(_PER_SENTENCE_INPUTS):
-            names.append(name)
-    return sorted(names)
+    return sorted(name for name, function in signatures.items()
+                  if "text" in _input_names(function)
+                  and set(_input_names(function)) - {"text"} <= set(_PER_SENTENCE_INPUTS))
 
 
 def _request_inputs(signature_inputs, batch):
@@ -88,26 +89,23 @@ def _request_inputs(signature_inputs, batch):
     return inputs
 
 
-def write_warmup_requests(path, signature_names, batches=WARMUP_BATCHES, signatures=None):
-    """Writes the warm-up file: every batch of `batches` for every signature named.
+def write_warmup_requests(path, signatures, batches=WARMUP_BATCHES):
+    """Writes the warm-up file: every batch of `batches` for every signature of
+    `signatures` that takes text (`text_signatures`), with zeros for its per-sentence
+    inputs (`seed`).
 
     Args:
         path: str or path-like, the file (`assets.extra/tf_serving_warmup_requests`).
-        signature_names: iterable of str, signatures taking a `text` input.
+        signatures: dict of name -> concrete function, the signatures to warm up.
         batches: sequence of sequences of str, the sentences of each request.
-        signatures: optional dict of name -> concrete function: a signature that also takes
-            a per-sentence input (`seed`) gets it, zeros, in its requests.
 
     Returns:
         int, the number of requests written.
     """
     count = 0
     with tf.io.TFRecordWriter(str(path)) as writer:
-        for name in signature_names:
-            inputs = ["text"]
-            if signatures is not None:
-                specs = tf.nest.flatten(signatures[name].structured_input_signature)
-                inputs = [getattr(spec, "name", None) for spec in specs]
+        for name in text_signatures(signatures):
+            inputs = _input_names(signatures[name])
             for batch in batches:
                 writer.write(prediction_log(name, _request_inputs(inputs, batch)))
                 count += 1

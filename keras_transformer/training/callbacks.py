@@ -550,8 +550,8 @@ class RunHistory(keras.callbacks.Callback):
     epoch more here than in the backup, which the trainer drops when it resumes.
 
     The file holds `{"history": {name: [value per epoch]}, "epoch_seconds": [...],
-    "train_seconds": sum of epoch_seconds, "epochs": number of epochs}`, `"precision"` when
-    given, and `"stopped": {"epochs": N, "planned": M}` when a callback ended `fit`
+    "train_seconds": sum of epoch_seconds, "epochs": number of epochs}`, `"precision"` (of
+    the last epoch) when given, and `"stopped": {"epochs": N, "planned": M}` when a callback ended `fit`
     (`model.stop_training`, say
     an `EarlyStopping`) after N of the M epochs it was given (`RecordStop` writes it): a
     stop other than the time budget's (`TimeBudget` and `BudgetCooldown` call
@@ -567,8 +567,8 @@ class RunHistory(keras.callbacks.Callback):
             worker's record, and what a time budget plans from it, holds the same times.
             Defaults to `None`.
         precision: str or `None`, the dtype policy the epochs train in, recorded as
-            `"precision"` (`train` warns when a run goes on in another). Defaults to
-            `None`: the one `initial` records, if any.
+            `"precision"` once an epoch has trained in it: the precision of the run's last
+            epoch (`train` warns when a run goes on in another). Defaults to `None`.
 
     Example:
 
@@ -586,7 +586,9 @@ class RunHistory(keras.callbacks.Callback):
         self.path = str(path)
         self.reduce_seconds = reduce_seconds
         initial = initial or {}
-        self.precision = precision or initial.get("precision")
+        # The precision this `fit`'s epochs train in, and the one of the last epoch trained.
+        self.precision = precision
+        self._last_precision = initial.get("precision")
         self.history = {k: list(v) for k, v in initial.get("history", {}).items()}
         self.epoch_seconds = list(initial.get("epoch_seconds", []))
         self._epoch_started = None
@@ -652,6 +654,8 @@ class RunHistory(keras.callbacks.Callback):
                           np.asarray(value, dtype=float).tolist())
         for values in self.history.values():
             values.extend([None] * (epochs - len(values)))
+        if self.precision is not None:
+            self._last_precision = self.precision
         os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
         write_json_atomically(self.path, self.record(), indent=2)
 
@@ -663,8 +667,8 @@ class RunHistory(keras.callbacks.Callback):
             "train_seconds": self.train_seconds,
             "epochs": len(self.epoch_seconds),
         }
-        if self.precision is not None:
-            record["precision"] = self.precision
+        if self._last_precision is not None:
+            record["precision"] = self._last_precision
         if self.stopped is not None:
             record["stopped"] = self.stopped
         return record

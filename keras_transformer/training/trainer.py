@@ -1045,9 +1045,6 @@ def _train(config, output_dir, write_dir, strategy, data_dir, local_dir, make_tr
             precision = resolve_precision(config.precision)
             if config.precision == "auto" and chief:
                 print(f"precision 'auto': {precision or 'float32'} on this machine", flush=True)
-                warning = precision_change_warning(previous, precision)
-                if warning:
-                    print(warning, file=sys.stderr, flush=True)
             keras.config.set_dtype_policy(precision or "float32")
             replicas = strategy.num_replicas_in_sync
             if chief and initial_epoch and continue_from is None and saved_config is not None:
@@ -1127,6 +1124,10 @@ def _train(config, output_dir, write_dir, strategy, data_dir, local_dir, make_tr
     warning = warmup_warning(config, steps_per_epoch) if chief and not finished else None
     if warning:
         print(warning, file=sys.stderr, flush=True)
+    if chief and not finished and config.precision == "auto":  # said when epochs will train
+        warning = precision_change_warning(previous, keras.config.dtype_policy().name)
+        if warning:
+            print(warning, file=sys.stderr, flush=True)
     if verbose == "auto":
         verbose = 1 if getattr(sys.stdout, "isatty", lambda: False)() else 2
     if report_padding and chief:
@@ -1322,10 +1323,9 @@ def warmup_warning(config, steps_per_epoch):
 
 
 def precision_change_warning(record, precision):
-    """The warning for a run that goes on in another precision than its epochs so far
-    trained in (`record["precision"]`, as `RunHistory` writes it): `precision="auto"`
-    resolves from each machine's CPU on each start. `None` when nothing was recorded or
-    nothing changes.
+    """The warning for a run that goes on in another precision than its last epoch trained
+    in (`record["precision"]`, as `RunHistory` writes it): `precision="auto"` resolves from
+    each machine's CPU on each start. `None` when nothing was recorded or nothing changes.
 
     Args:
         record: dict, the run's history as `read_run_history` reads it.
@@ -1334,12 +1334,10 @@ def precision_change_warning(record, precision):
     before, now = record.get("precision"), precision or "float32"
     if not record.get("epochs") or before in (None, now):
         return None
-    done = record["epochs"]
-    epochs = "epoch 1" if done == 1 else f"epochs 1-{done}"
-    return (f"Warning: this run trained {epochs} in {before}; precision 'auto' means {now} "
-            f"on this machine, so it goes on in {now}, not exactly as an uninterrupted run "
-            f"would have. A run keeps one precision wherever it resumes when it is started "
-            f"with it set (--set precision={before}).")
+    return (f"Warning: this run's last epoch ({record['epochs']}) trained in {before}; "
+            f"precision 'auto' means {now} on this machine, so it goes on in {now}, not "
+            "exactly as an uninterrupted run would have. (A run started with its precision "
+            f"set, --set precision={before}, keeps it wherever it resumes.)")
 
 
 def resume_plan_warning(saved, config, record):

@@ -648,6 +648,9 @@ def test_sentences_sharing_a_seed_are_sampled_independently(small_tokenizer):
     sentences = [f"{a} {b}" for a in words[:6] for b in words[6:]][:30]
     shared = seeded(sampler, sentences, [7] * len(sentences))
     assert len(set(shared)) > len(sentences) // 2, len(set(shared))
+    # Seeds made from the sentences' own hashes do not cancel the mixing (an XOR did).
+    hashes = tf.strings.to_hash_bucket_fast(tf.constant(sentences), 2**63 - 1).numpy()
+    assert len(set(seeded(sampler, sentences, hashes.tolist()))) > len(sentences) // 2
     # Still a function of the sentence and its seed alone.
     assert seeded(sampler, sentences[3:4], [7]) == shared[3:4]
     assert seeded(sampler, sentences[::-1], [7] * len(sentences)) == shared[::-1]

@@ -253,10 +253,17 @@ def test_a_run_continued_where_auto_means_another_precision_says_so(
     monkeypatch.setattr(trainer, "resolve_precision", lambda precision: None)
     run = _train(config.replace(epochs=2), tmp_path / "run")
     err = capsys.readouterr().err
-    assert ("this run trained epoch 1 in mixed_bfloat16; precision 'auto' means float32 on "
-            "this machine") in err and "--set precision=mixed_bfloat16" in err
+    assert ("this run's last epoch (1) trained in mixed_bfloat16; precision 'auto' means "
+            "float32 on this machine") in err and "--set precision=mixed_bfloat16" in err
     assert run.model.get_layer("encoder").compute_dtype == "float32"
     assert read_run_history(tmp_path / "run" / "history.json")["precision"] == "float32"
-    # The same machine again: nothing to say.
+    # The same machine again: nothing to say. Back on the first kind: the last epoch's.
     _train(config.replace(epochs=3), tmp_path / "run")
+    assert "trained in" not in capsys.readouterr().err
+    monkeypatch.setattr(trainer, "resolve_precision", lambda precision: "mixed_bfloat16")
+    _train(config.replace(epochs=4), tmp_path / "run")
+    assert "last epoch (3) trained in float32" in capsys.readouterr().err
+    # A run whose epochs are all trained says nothing: it trains none.
+    monkeypatch.setattr(trainer, "resolve_precision", lambda precision: None)
+    _train(config.replace(epochs=4), tmp_path / "run")
     assert "trained in" not in capsys.readouterr().err
