@@ -15,14 +15,23 @@ noun in French and precedes it in English, so the model must learn to reorder), 
 the three steps of the README's "Train on your own data":
 
 ```
-keras-transformer train --train train.fr train.en --valid val.fr val.en --test toy=test.fr,test.en --output run
+keras-transformer train --train train.fr train.en --valid val.fr val.en --test toy=test.fr,test.en --output run --set vocab_size=320
 keras-transformer export --model run --out run/export
 keras-transformer translate --export run/export < test.fr
 ```
 
-here through the same Python functions the commands call. The languages come from the file
-names (`train.fr` → `fr`); the run directory and the export record them, so `translate` and
-`evaluate` know the direction.
+here through the same Python functions the commands call, with a smaller model than those
+commands train: they train the `quick` preset (d_model 256, 2 epochs, a 400-step warm-up),
+too few updates for a corpus of 3,000 pairs. What this notebook runs is, as commands:
+
+```
+keras-transformer train --preset tiny --train train.fr train.en --valid val.fr val.en --test toy=test.fr,test.en --output run --set vocab_size=320 d_model=64 num_heads=4 ff_dim=256 num_layers=2 max_length=24 batch_size=64 tokens_per_batch=null train_subset=null steps_per_epoch=null epochs=10 warmup_steps=200 bleu_sentences=0 drop_long_pairs=true
+keras-transformer export --model run --out run/export --checkpoint final --search greedy --max-input-length 24 --max-output-length 24
+```
+
+The languages come from the file names (`train.fr` → `fr`); the run directory and the export record them, so `translate` and
+`evaluate` know the direction. The default vocabulary has 8,000 pieces: a corpus of few
+distinct words (this toy one has about 50) cannot fill it, hence `--set vocab_size=320`.
 
 CI runs this notebook with `KT_NOTEBOOK_CI=1`, which shrinks the corpus and the model to
 seconds.""")
@@ -86,7 +95,14 @@ md("""## 1. Train
 `data="files"` with the files of each split is what `keras-transformer train --train ...
 --valid ... --test NAME=SRC,TGT` puts in the run's config. Before training the trainer
 checks the files (line counts, empty files, encoding), prints the data report (pairs read,
-kept, dropped and why) and counts the batches of an epoch, so the progress shows a total.""")
+kept, dropped and why) and counts the batches of an epoch, so the progress shows a total.
+
+The vocabulary normalizes text before it splits it, and the model reads and writes text
+through it. The default (`normalization="nmt_nfkc"`, SentencePiece's) folds compatibility
+characters and turns zero-width characters and bidi marks into spaces: for Persian (its
+zero-width non-joiner) or right-to-left text with bidi marks set `normalization="nfkc"`,
+to keep full-width CJK punctuation `"identity"`; for Chinese or Japanese (thousands of
+characters) `character_coverage=0.9995` spells the rarest characters in bytes.""")
 
 code("""from keras_transformer.training import get_preset
 from keras_transformer.training.trainer import train
@@ -109,14 +125,12 @@ target languages and the data source (TF Serving clients can call it too).""")
 
 code("""import tensorflow as tf
 
-from keras_transformer.export import DecodingConfig, Translator, export_translator
+from keras_transformer.export import DecodingConfig, export_run
 
-translator = Translator(run.model, run.source_tokenizer, run.target_tokenizer,
-                        DecodingConfig(search="greedy", max_input_length=24, max_output_length=24),
-                        metadata={"source_lang": "fr", "target_lang": "en", "data": "files"})
-export_dir = export_translator(translator, os.path.join(WORK_DIR, "export"),
-                               metadata={"source_lang": "fr", "target_lang": "en",
-                                         "data": "files", "data_files": config.data_files})
+# As `keras-transformer export` does: the run's direction and data files go with it.
+export_dir = export_run(os.path.join(WORK_DIR, "run"), os.path.join(WORK_DIR, "export"),
+                        checkpoint="final", decoding=DecodingConfig.for_export(
+                            search="greedy", max_input_length=24, max_output_length=24))
 loaded = tf.saved_model.load(str(export_dir))
 {k: v.numpy().decode() for k, v in loaded.signatures["metadata"]().items()}""")
 
