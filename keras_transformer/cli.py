@@ -344,9 +344,8 @@ def _overwrite_and_train(args, config, output, worker_index):
         _overwrite(output, worker_index, config)
     elif (output / "backup").exists():
         print(f"Resuming the interrupted run in {output}", flush=True)
-    from keras_transformer.training.trainer import ConfigMismatchError, check_resumable, train
-
     from keras_transformer.training.strategy import num_workers_from_tf_config
+    from keras_transformer.training.trainer import ConfigMismatchError, check_resumable, train
 
     # One machine: refused before anything loads. In a cluster `train` refuses it inside
     # the workers' agreement, on every worker at once: refused here, before the cluster

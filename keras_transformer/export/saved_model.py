@@ -130,8 +130,9 @@ def export_translator(translator, base_dir, version=None, metadata=None):
         (extra / "translator.json").write_text(json.dumps(record, indent=2, default=str))
         # A signature XLA compiles gets no warm-up request (see
         # `keras_transformer.export.warmup`): the rest of a `--jit` export gets them.
+        compiled = translator.compiled_signatures()
         signatures = {name: function for name, function in translator.signatures().items()
-                      if name not in translator.compiled_signatures()}
+                      if name not in compiled}
         if text_signatures(signatures):
             write_warmup_requests(extra / WARMUP_FILENAME, signatures)
         try:

@@ -523,7 +523,7 @@ class Translator(tf.Module):
             pieces, max_length=config.max_input_length, add_end=True
         )  # ragged (B, None), END last
         source_lengths = tf.cast(source.row_lengths(), tf.int32)  # (B,)
-        compiles = config.jit_compile and search in ("greedy", "beam")
+        compiles = self._compiles(search)
         width = padded_width(source_lengths, JIT_WIDTH_MULTIPLE if compiles else 1,
                              limit=config.max_input_length)
         source_ids = source.to_tensor(PAD_ID, shape=[batch_size, width])  # (B, S)
@@ -639,13 +639,15 @@ class Translator(tf.Module):
         outputs = self.translate(tf.constant([as_bytes(s) for s in sentences], tf.string))
         return [t.decode("utf-8") for t in outputs["translation"].numpy().tolist()]
 
+    def _compiles(self, search):
+        """Whether `search` runs under XLA: greedy and beam search with `jit_compile`."""
+        return self.config.jit_compile and search in ("greedy", "beam")
+
     def compiled_signatures(self):
         """The names of the signatures XLA compiles (`jit_compile`): `translate_greedy`, and
         `translate`/`serving_default` when the export's search is greedy or beam."""
-        if not self.config.jit_compile:
-            return set()
-        names = {"translate_greedy"}
-        if self.config.search in ("greedy", "beam"):
+        names = {"translate_greedy"} if self._compiles("greedy") else set()
+        if self._compiles(self.config.search):
             names |= {"translate", "serving_default"}
         return names
 

@@ -76,9 +76,12 @@ def _input_names(function):
 def text_signatures(signatures):
     """The names of `signatures` (name -> concrete function) whose inputs are `text` and,
     optionally, per-sentence inputs the warm-up can fill (`seed`, of `translate_seeded`)."""
-    return sorted(name for name, function in signatures.items()
-                  if "text" in _input_names(function)
-                  and set(_input_names(function)) - {"text"} <= set(_PER_SENTENCE_INPUTS))
+    names = []
+    for name, function in signatures.items():
+        inputs = set(_input_names(function))
+        if "text" in inputs and inputs - {"text"} <= set(_PER_SENTENCE_INPUTS):
+            names.append(name)
+    return sorted(names)
 
 
 def _request_inputs(signature_inputs, batch):

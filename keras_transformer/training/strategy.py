@@ -24,6 +24,29 @@ STRATEGY_NAMES = ("auto", "default", "mirrored", "multi_worker")
 WORKER_TEMP_PREFIX = "workertemp_"
 
 
+def cluster_from_tf_config(tf_config=None):
+    """The `cluster` of `TF_CONFIG` (task type -> addresses).
+
+    Args:
+        tf_config: string or `None`, the JSON of `TF_CONFIG`; `None` reads the environment
+            variable.
+
+    Returns:
+        dict; empty when `TF_CONFIG` is unset, empty or has no cluster.
+
+    Raises:
+        ValueError: if `TF_CONFIG` is not valid JSON.
+    """
+    if tf_config is None:
+        tf_config = os.environ.get("TF_CONFIG", "")
+    if not tf_config.strip():
+        return {}
+    try:
+        return json.loads(tf_config).get("cluster", {})
+    except json.JSONDecodeError as error:
+        raise ValueError(f"TF_CONFIG is not valid JSON: {error}. Received: {tf_config!r}")
+
+
 def num_workers_from_tf_config(tf_config=None):
     """Counts the workers (`chief` and `worker` tasks) of the cluster in `TF_CONFIG`.
 
@@ -37,14 +60,7 @@ def num_workers_from_tf_config(tf_config=None):
     Raises:
         ValueError: if `TF_CONFIG` is not valid JSON.
     """
-    if tf_config is None:
-        tf_config = os.environ.get("TF_CONFIG", "")
-    if not tf_config.strip():
-        return 0
-    try:
-        cluster = json.loads(tf_config).get("cluster", {})
-    except json.JSONDecodeError as error:
-        raise ValueError(f"TF_CONFIG is not valid JSON: {error}. Received: {tf_config!r}")
+    cluster = cluster_from_tf_config(tf_config)
     return len(cluster.get("chief", [])) + len(cluster.get("worker", []))
 
 
@@ -426,7 +442,7 @@ def _wait_for_the_cluster(create, timeout_minutes=CLUSTER_TIMEOUT_MINUTES):
     manager's pod termination or `launch` stopped it, until SIGKILL. Once connected,
     SIGTERM terminates again and SIGINT has its handler from before the wait.
     """
-    workers = json.loads(os.environ.get("TF_CONFIG") or "{}").get("cluster", {})
+    workers = cluster_from_tf_config()
     addresses = ", ".join(a for kind in ("chief", "worker") for a in workers.get(kind, []))
     limit = (f"gives up after {timeout_minutes:g} minute(s)" if timeout_minutes
              else "waits with no time limit")

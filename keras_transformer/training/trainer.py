@@ -61,6 +61,7 @@ from keras_transformer.training.schedules import cooldown_multiplier, cooldown_s
 from keras_transformer.training.strategy import (
     CLUSTER_TIMEOUT_MINUTES,
     WORKER_TEMP_PREFIX,
+    cluster_from_tf_config,
     fix_keras_multi_worker_logs,
     gather_from_workers,
     is_chief,
@@ -686,9 +687,9 @@ def agree_with_workers(strategy, config, data_report, initial_epoch, write_dir,
         if differ:
             named = ""
             if column == 0:  # which settings: those of the buckets whose digests differ
-                fields = sorted(name for name in config.to_dict() if name != "data_files"
-                                and any(buckets[i][_bucket(name)] != buckets[0][_bucket(name)]
-                                        for i in differ))
+                fields = sorted(name for name in settings
+                                if any(buckets[i][_bucket(name)] != buckets[0][_bucket(name)]
+                                       for i in differ))
                 named = f" (the settings that differ are among: {', '.join(fields)})" if (
                     fields) else ""
             raise ValueError(f"{', '.join(workers[i] for i in differ)} train with other "
@@ -718,11 +719,7 @@ def agree_with_workers(strategy, config, data_report, initial_epoch, write_dir,
 def _worker_names(count):
     """The workers' names in the order of their rows: by task, as `TF_CONFIG` names them
     (with a `chief` task, the chief first and worker task i after it, "worker i")."""
-    try:
-        cluster = json.loads(os.environ.get("TF_CONFIG") or "{}").get("cluster", {})
-    except (ValueError, AttributeError):
-        cluster = {}
-    if cluster.get("chief"):
+    if cluster_from_tf_config().get("chief"):
         return ["the chief"] + [f"worker {i}" for i in range(count - 1)]
     return [f"worker {i}" for i in range(count)]
 
@@ -1124,8 +1121,9 @@ def _train(config, output_dir, write_dir, strategy, data_dir, local_dir, make_tr
     warning = warmup_warning(config, steps_per_epoch) if chief and not finished else None
     if warning:
         print(warning, file=sys.stderr, flush=True)
+    policy = keras.config.dtype_policy().name  # this run's, set above
     if chief and not finished and config.precision == "auto":  # said when epochs will train
-        warning = precision_change_warning(previous, keras.config.dtype_policy().name)
+        warning = precision_change_warning(previous, policy)
         if warning:
             print(warning, file=sys.stderr, flush=True)
     if verbose == "auto":
@@ -1153,7 +1151,7 @@ def _train(config, output_dir, write_dir, strategy, data_dir, local_dir, make_tr
     # cooldown and late dropout it plans) decides the same on all of them.
     run_history = RunHistory(write_dir / "history.json", initial=previous,
                              reduce_seconds=slowest_worker(strategy),
-                             precision=keras.config.dtype_policy().name)
+                             precision=policy)
     bleu_callback = None
     if (make_translate_fn is not None and config.bleu_sentences and chief
             and splits["validation"] is not None):
